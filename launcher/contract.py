@@ -1,0 +1,143 @@
+"""The seam between the host side (``launcher``) and the rank side (``parallel``).
+
+Everything that crosses from the launcher into a rank is an environment variable named here, and
+everything that comes back is a file whose path is named by one of these variables. Both sides
+import this module; it has no dependencies beyond the standard library and never reads
+``os.environ`` by itself: callers pass the mapping they want read.
+
+Going in (launcher -> rank):
+
+* MindSpore dynamic-cluster mode: ``MS_ROLE``, ``MS_SCHED_HOST``, ``MS_SCHED_PORT``,
+  ``MS_WORKER_NUM``, ``MS_NODE_ID`` (plus the retry and timeout knobs below).
+* HCCL rank-table mode: ``RANK_TABLE_FILE``, ``RANK_ID``, ``DEVICE_ID``, ``RANK_SIZE``.
+* Generic identity for every rank, so torch_npu scripts run unchanged: ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+* npu-launch's own: the ``NPU_LAUNCH_*`` names below.
+
+Coming back (rank -> launcher): one JSON-lines events file and one JSON error report per rank,
+written by ``parallel.rank_hook`` (installed through ``sitecustomize``, so the user decorates
+nothing).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+# MindSpore dynamic cluster (msrun's mode).
+MS_ROLE = "MS_ROLE"
+MS_SCHED_HOST = "MS_SCHED_HOST"
+MS_SCHED_PORT = "MS_SCHED_PORT"
+MS_WORKER_NUM = "MS_WORKER_NUM"
+MS_NODE_ID = "MS_NODE_ID"
+MS_RETRY_INTERVAL_LOWER = "MS_RETRY_INTERVAL_LOWER"
+MS_RETRY_INTERVAL_UPPER = "MS_RETRY_INTERVAL_UPPER"
+MS_TOPO_TIMEOUT = "MS_TOPO_TIMEOUT"
+ROLE_SCHEDULER = "MS_SCHED"
+ROLE_WORKER = "MS_WORKER"
+
+# HCCL rank-table mode.
+RANK_TABLE_FILE = "RANK_TABLE_FILE"
+RANK_ID = "RANK_ID"
+DEVICE_ID = "DEVICE_ID"
+RANK_SIZE = "RANK_SIZE"
+ASCEND_RT_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
+
+# torchrun-style identity.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# npu-launch's own.
+JOB_ID = "NPU_LAUNCH_JOB_ID"
+"""Marks every process of a job; teardown finds stragglers by it, never by command name."""
+LOG_DIR = "NPU_LAUNCH_LOG_DIR"
+EVENTS_FILE = "NPU_LAUNCH_EVENTS_FILE"
+"""JSON lines appended by the rank: ``{"event": ..., "rank": ..., "time": ...}``."""
+ERROR_FILE = "NPU_LAUNCH_ERROR_FILE"
+"""One JSON object written when the rank dies of an uncaught exception."""
+DEVICE_KIND = "NPU_LAUNCH_DEVICE"
+"""``npu`` or ``cpu``: the device target the rank side selects."""
+DEBUG = "NPU_LAUNCH_DEBUG"
+"""``1`` in ``--debug``: no communication init, PyNative mode."""
+HOST = "NPU_LAUNCH_HOST"
+"""The host name the launcher shows for this rank."""
+PARENT_PID = "NPU_LAUNCH_PARENT_PID"
+"""The supervising process; a rank whose parent is gone exits (see ``rank_hook``)."""
+NODE_RANK = "NPU_LAUNCH_NODE_RANK"
+NNODES = "NPU_LAUNCH_NNODES"
+PARALLEL = "NPU_LAUNCH_PARALLEL"
+"""The job's parallel configuration as JSON (``parallel.config.ParallelConfig.to_json``)."""
+SEED = "NPU_LAUNCH_SEED"
+WAIT_FOR_SCHEDULER = "NPU_LAUNCH_WAIT_SCHEDULER"
+"""``1``: the rank hook waits until the scheduler accepts connections before MindSpore's
+``init()`` connects, which avoids MindSpore's 3-5 s registration retry."""
+
+PREFIX = "NPU_LAUNCH_"
+
+# Event names written to EVENTS_FILE.
+EVENT_STARTED = "started"
+EVENT_INITIALISED = "initialised"
+EVENT_STEP = "step"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_FINISHED = "finished"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankIdentity:
+    """Who a rank is, read from whichever launcher started it.
+
+    The table maps each generic name to the variables that carry it, first match wins:
+    npu-launch and msrun/rank-table scripts, torchrun, OpenMPI, Slurm.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device_id: int
+    debug: bool
+    device_kind: str
+
+    SOURCES = {
+        "rank": (RANK_ID, RANK, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+        "world_size": (RANK_SIZE, WORLD_SIZE, MS_WORKER_NUM, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                       "SLURM_NTASKS"),
+        "local_rank": (LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+        "local_world_size": (LOCAL_WORLD_SIZE, "OMPI_COMM_WORLD_LOCAL_SIZE",
+                             "SLURM_NTASKS_PER_NODE"),
+        "device_id": (DEVICE_ID, LOCAL_RANK, "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+    }
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "RankIdentity":
+        """Read the identity from ``environ``; a process started by hand is rank 0 of 1."""
+        rank = _first_int(environ, cls.SOURCES["rank"], default=_ms_node_id(environ))
+        world = _first_int(environ, cls.SOURCES["world_size"], default=1)
+        local_world = _first_int(environ, cls.SOURCES["local_world_size"], default=world)
+        local = _first_int(environ, cls.SOURCES["local_rank"], default=rank % max(local_world, 1))
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=local,
+            local_world_size=local_world,
+            device_id=_first_int(environ, cls.SOURCES["device_id"], default=local),
+            debug=environ.get(DEBUG) == "1",
+            device_kind=environ.get(DEVICE_KIND, ""),
+        )
+
+
+def _ms_node_id(environ: Mapping[str, str]) -> int:
+    return _first_int(environ, (MS_NODE_ID,), default=0)
+
+
+def _first_int(environ: Mapping[str, str], names: tuple, default: int) -> int:
+    name: Optional[str] = next((n for n in names if environ.get(n, "").strip()), None)
+    if name is None:
+        return default
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ValueError(f"environment variable {name}: {environ[name]!r} is not an integer") from None

@@ -1,0 +1,46 @@
+"""Events a rank reports to its launcher: JSON lines appended to ``$NPU_LAUNCH_EVENTS_FILE``.
+
+Each line is one ``write()`` of a complete line on an ``O_APPEND`` descriptor, so a reader never
+sees half an event. Outside npu-launch (no variable set) ``emit`` does nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Optional
+
+from launcher import contract
+
+_fd: Optional[int] = None
+_path: Optional[str] = None
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Append ``{"event", "rank", "host", "pid", "time", **fields}`` to this rank's events file."""
+    fd = _events_fd()
+    if fd is None:
+        return
+    record = {"event": event, "rank": _rank(), "host": _host(), "pid": os.getpid(),
+              "time": time.time(), **fields}
+    os.write(fd, (json.dumps(record, default=str) + "\n").encode())
+
+
+def _events_fd() -> Optional[int]:
+    global _fd, _path
+    path = os.environ.get(contract.EVENTS_FILE)
+    if not path:
+        return None
+    if _fd is None or path != _path:
+        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        _path = path
+    return _fd
+
+
+def _rank() -> int:
+    return contract.RankIdentity.from_environ(os.environ).rank
+
+
+def _host() -> str:
+    return os.environ.get(contract.HOST) or socket.gethostname()
