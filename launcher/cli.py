@@ -1,0 +1,160 @@
+"""The ``npu-launch`` command: parse, build a frozen config, hand it to one function that acts.
+
+``npu-launch [OPTIONS] SCRIPT [ARGS]...`` is the ``run`` subcommand; the other subcommands
+(``rank-table``, ...) are named explicitly. This is the only module that exits.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import click
+from click.core import ParameterSource
+
+from launcher import __version__
+from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_known_keys,
+                             parse_env_pairs, read_config_file)
+from launcher.devices import DeviceKind
+from launcher.errors import ConfigError
+from launcher.launch import launch
+
+_FILE_ONLY_KEYS = ("script", "script_args")
+
+
+class LaunchGroup(click.Group):
+    """A group whose default command is ``run``: ``npu-launch train.py`` = ``npu-launch run train.py``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        run_cmd = self.commands["run"]
+        with click.Context(run_cmd, info_name=ctx.info_name, parent=None) as run_ctx:
+            run_cmd.format_help(run_ctx, formatter)
+        self.format_commands(ctx, formatter)
+
+
+@click.group(cls=LaunchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="npu-launch")
+def cli() -> None:
+    """Start and supervise one MindSpore process per Ascend card."""
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True,
+                                      "allow_interspersed_args": False})
+@click.option("--cards", type=int, help="Processes on this node, one per card [default: all "
+              "cards found; 1 on CPU].")
+@click.option("--device", type=click.Choice([k.value for k in DeviceKind]), default="auto",
+              show_default=True, help="npu: Ascend cards (/dev/davinciN); cpu: CPU ranks; auto: "
+              "npu when cards exist.")
+@click.option("--rank-table", type=str, help="HCCL rank table: start in rank-table mode.")
+@click.option("--master-addr", default="127.0.0.1", show_default=True,
+              help="Address of the scheduler (MS_SCHED_HOST, MASTER_ADDR).")
+@click.option("--master-port", type=int, help="Scheduler port [default: a free port].")
+@click.option("--log-dir", type=str, help="Logs go here [default: ./npu_launch_logs/<job id>].")
+@click.option("--job-id", type=str, help="Name of this job [default: time and a random tag].")
+@click.option("--console", "console_ranks", default="all", show_default=True,
+              help="Ranks whose lines the console shows: all, none, or e.g. 0,3.")
+@click.option("--kill-timeout", type=float, default=5.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping processes.")
+@click.option("--startup-timeout", type=float, default=300.0, show_default=True,
+              help="Stop the job when a rank has not initialised communication by then (0: "
+              "never).")
+@click.option("--debug", is_flag=True, help="One card in the foreground with this terminal, for "
+              "pdb; no communication.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (processes, env, commands); start "
+              "nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
+@click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable in every "
+              "rank (repeatable).")
+@click.option("--config", "config_file", type=str, help="YAML file of these options; flags given "
+              "here win.")
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run_command(ctx: click.Context, **options: Any) -> int:
+    """Run SCRIPT once per card and supervise it until the job ends."""
+    config = build_config(ctx, options)
+    return launch(config, os.environ, sys.stdout, sys.stderr)
+
+
+def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
+    """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``."""
+    if options["config_file"]:
+        options = _apply_config_file(ctx, options, options["config_file"])
+    return LaunchConfig(
+        script=options["script"] or "",
+        script_args=tuple(options["script_args"]),
+        cards=options["cards"],
+        device=DeviceKind(options["device"]),
+        rank_table=options["rank_table"],
+        master_addr=options["master_addr"],
+        master_port=options["master_port"],
+        log_dir=options["log_dir"],
+        job_id=options["job_id"],
+        console=ConsoleFilter.parse(options["console_ranks"]),
+        kill_timeout=options["kill_timeout"],
+        startup_timeout=options["startup_timeout"],
+        debug=options["debug"],
+        dry_run=options["dry_run"],
+        json=options["as_json"],
+        env=parse_env_pairs(options["env_pairs"]),
+        python=sys.executable,
+        workdir=os.getcwd(),
+    )
+
+
+def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str) -> dict[str, Any]:
+    settings = read_config_file(path)
+    by_key = {_file_key(p): p for p in ctx.command.params if p.name and p.name != "config_file"}
+    check_known_keys(path, settings, by_key)
+    merged = dict(options)
+    for key, setting in settings.items():
+        param = by_key[key]
+        if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None) or \
+                (key in _FILE_ONLY_KEYS and not options[param.name]):
+            merged[param.name] = _cast(ctx, param, setting, path, key)
+    return merged
+
+
+def _file_key(param: click.Parameter) -> str:
+    """Config-file keys are the long option names: ``console`` for ``console_ranks``."""
+    if isinstance(param, click.Option):
+        return param.opts[-1].lstrip("-").replace("-", "_")
+    return str(param.name)
+
+
+def _cast(ctx: click.Context, param: click.Parameter, setting: FileSetting, path: str,
+          key: str) -> Any:
+    value = setting.value
+    if key == "env" and isinstance(value, dict):
+        value = [f"{k}={v}" for k, v in value.items()]
+    if param.multiple or param.nargs == -1:
+        value = value if isinstance(value, list) else [value]
+        value = [str(v) for v in value] if key in ("env", "script_args") else value
+    elif isinstance(param.type, click.types.StringParamType) and value is not None:
+        value = str(value)
+    try:
+        return param.type_cast_value(ctx, value)
+    except click.BadParameter as e:
+        raise ConfigError(f"{path}:{setting.line}: {key}: {e.message}") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point: every error is one line on stderr; exit code 2 for bad input."""
+    try:
+        code = cli.main(args=list(argv) if argv is not None else None, prog_name="npu-launch",
+                        standalone_mode=False)
+    except click.ClickException as e:
+        click.echo(f"npu-launch: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

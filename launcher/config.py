@@ -1,0 +1,150 @@
+"""The launch configuration: a frozen value built from options and an optional YAML file.
+
+Building one never reads ``os.environ`` and never starts anything; it only checks that the values
+make sense together and raises ``ConfigError`` (exit 2, one line) when they do not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Iterable, Mapping, Optional
+
+import yaml
+
+from launcher.devices import DeviceKind
+from launcher.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleFilter:
+    """Which ranks' lines reach the console: all (``ranks is None``), none, or a set."""
+
+    ranks: Optional[frozenset[int]] = None
+
+    @classmethod
+    def parse(cls, text: str) -> "ConsoleFilter":
+        text = text.strip().lower()
+        if text in ("", "all"):
+            return cls(None)
+        if text == "none":
+            return cls(frozenset())
+        try:
+            return cls(frozenset(int(part) for part in text.split(",")))
+        except ValueError:
+            raise ConfigError(f"--console {text}: expected 'all', 'none' or ranks like 0,3") from None
+
+    def shows(self, rank: Optional[int]) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def __str__(self) -> str:
+        if self.ranks is None:
+            return "all"
+        return ",".join(map(str, sorted(self.ranks))) or "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one launch needs, already checked. ``cards=None`` means every card found."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    cards: Optional[int] = None
+    device: DeviceKind = DeviceKind.AUTO
+    rank_table: Optional[str] = None
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    log_dir: Optional[str] = None
+    job_id: Optional[str] = None
+    console: ConsoleFilter = ConsoleFilter()
+    kill_timeout: float = 5.0
+    startup_timeout: float = 300.0
+    debug: bool = False
+    dry_run: bool = False
+    json: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    python: str = ""
+    workdir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            raise ConfigError("no script given: npu-launch [OPTIONS] SCRIPT [ARGS]...")
+        if not os.path.isfile(os.path.join(self.workdir, self.script)):
+            raise ConfigError(f"script {self.script}: no such file")
+        if self.cards is not None and self.cards < 1:
+            raise ConfigError(f"--cards {self.cards}: must be at least 1")
+        if self.debug and self.cards not in (None, 1):
+            raise ConfigError(f"--debug runs one card; got --cards {self.cards}")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(f"--master-port {self.master_port}: not a TCP port")
+        if self.kill_timeout < 0:
+            raise ConfigError(f"--kill-timeout {self.kill_timeout}: must not be negative")
+        if self.startup_timeout < 0:
+            raise ConfigError(f"--startup-timeout {self.startup_timeout}: must not be negative")
+        if self.json and not self.dry_run:
+            raise ConfigError("--json goes with --dry-run")
+        for key, _ in self.env:
+            if not key or "=" in key or not key.replace("_", "a").isalnum():
+                raise ConfigError(f"--env {key!r}: not a variable name")
+
+
+def parse_env_pairs(pairs: Iterable[str], option: str = "--env") -> tuple[tuple[str, str], ...]:
+    """``K=V`` strings to pairs; the value may hold anything, including ``=``."""
+    result = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"{option} {pair!r}: expected KEY=VALUE")
+        result.append((key, value))
+    return tuple(result)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSetting:
+    """One key of a config file, with the line it stands on for error messages."""
+
+    value: Any
+    line: int
+
+
+def read_config_file(path: str) -> dict[str, FileSetting]:
+    """Read a YAML mapping of option names (``cards``, ``kill-timeout`` ...) to values.
+
+    Keys may use ``-`` or ``_``; they come back with ``_``. Errors name ``path:line``.
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"--config {path}: {e.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ConfigError(f"{path}:{line}: invalid YAML: {e.problem or e.context}") from None
+    if node is None:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: expected a mapping of option: value")
+    return _settings_from_mapping(path, node)
+
+
+def _settings_from_mapping(path: str, node: yaml.MappingNode) -> dict[str, FileSetting]:
+    loader = yaml.SafeLoader("")
+    settings: dict[str, FileSetting] = {}
+    for key_node, value_node in node.value:
+        key = str(key_node.value).replace("-", "_")
+        line = key_node.start_mark.line + 1
+        if key in settings:
+            raise ConfigError(f"{path}:{line}: {key_node.value} given twice")
+        settings[key] = FileSetting(loader.construct_object(value_node, deep=True), line)
+    return settings
+
+
+def check_known_keys(path: str, settings: Mapping[str, FileSetting],
+                     known: Iterable[str]) -> None:
+    """Refuse keys that are no option, naming the first by line."""
+    allowed = set(known)
+    for key, setting in sorted(settings.items(), key=lambda kv: kv[1].line):
+        if key not in allowed:
+            raise ConfigError(f"{path}:{setting.line}: unknown key '{key}'")

@@ -1,0 +1,42 @@
+"""Reading what ranks report: each rank appends JSON lines to its own events file."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+
+class EventTail:
+    """Follows one events file, returning only complete new lines on each ``read``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        return list(_parse(lines))
+
+
+def _parse(lines: list[bytes]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
+def prepare_dirs(log_dir: str) -> None:
+    """Make the job's log dir with the folders the ranks write into."""
+    for sub in ("", "events", "errors"):
+        os.makedirs(os.path.join(log_dir, sub), exist_ok=True)

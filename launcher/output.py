@@ -1,0 +1,114 @@
+"""Rank output: the raw bytes to each rank's log file, whole lines to the console.
+
+One thread per process reads its merged stdout/stderr pipe. The log file gets every byte as the
+rank wrote it (progress bars with ``\\r`` included). The console gets ``[host:rank] line`` written
+in one call under a lock, so lines of different ranks never interleave mid-line. Text without a
+newline (a progress bar, a prompt) is shown once it has sat unchanged for a moment, and a
+carriage-return-rewritten line shows its latest state, at most once a second.
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import BinaryIO, Optional
+
+_READ_SIZE = 65536
+_PARTIAL_LINE_DELAY = 1.0
+
+
+class Console:
+    """The launcher's stdout, shared by every pump."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write_line(self, prefix: bytes, line: bytes) -> None:
+        with self._lock:
+            self._stream.write(prefix + line + b"\n")
+            self._stream.flush()
+
+
+class Pump(threading.Thread):
+    """Copies one process's output to its log file and, if ``console`` is set, to the console."""
+
+    def __init__(self, fd: int, log_path: str, label: str, console: Optional[Console]) -> None:
+        super().__init__(name=f"pump {label}", daemon=True)
+        self._fd = fd
+        self._log = open(log_path, "ab", buffering=0)
+        self._prefix = f"[{label}] ".encode()
+        self._console = console
+        self._pending = b""
+        self._shown_pending = b""
+        self._pending_since = 0.0
+
+    def run(self) -> None:
+        try:
+            while self._pump_once():
+                pass
+            self._flush_pending()
+        finally:
+            self._log.close()
+            os.close(self._fd)
+
+    def _pump_once(self) -> bool:
+        ready, _, _ = select.select([self._fd], [], [], _PARTIAL_LINE_DELAY)
+        if not ready:
+            self._show_pending()
+            return True
+        try:
+            chunk = os.read(self._fd, _READ_SIZE)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self._log.write(chunk)
+        if self._console is not None:
+            self._split_lines(chunk)
+            if time.monotonic() - self._pending_since >= _PARTIAL_LINE_DELAY:
+                self._show_pending()
+        return True
+
+    def _split_lines(self, chunk: bytes) -> None:
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        for line in lines:
+            self._console.write_line(self._prefix, _latest_state(line))  # type: ignore[union-attr]
+        if lines:
+            self._shown_pending = b""
+            self._pending_since = time.monotonic()
+
+    def _show_pending(self) -> None:
+        if self._console is None or not self._pending or self._pending == self._shown_pending:
+            return
+        self._console.write_line(self._prefix, _latest_state(self._pending))
+        self._shown_pending = self._pending
+        self._pending_since = time.monotonic()
+
+    def _flush_pending(self) -> None:
+        if self._console is not None and self._pending and self._pending != self._shown_pending:
+            self._console.write_line(self._prefix, _latest_state(self._pending))
+        self._pending = b""
+
+
+def _latest_state(line: bytes) -> bytes:
+    """What a terminal would show for a line rewritten with ``\\r``."""
+    line = line.rstrip(b"\r")
+    return line.rsplit(b"\r", 1)[-1]
+
+
+def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> list[str]:
+    """The last ``lines`` lines of a log file (each ``\\r``-rewrite collapsed)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    text = [_latest_state(l).decode(errors="replace") for l in data.split(b"\n")]
+    while text and not text[-1].strip():
+        text.pop()
+    return text[-lines:]

@@ -1,0 +1,237 @@
+"""Hosts x cards -> one process spec per rank (plus MindSpore's scheduler), as plain data.
+
+The plan is what ``--dry-run`` prints and what spawning consumes; nothing here starts a process
+or reads ``os.environ`` (the caller passes the environment the ranks inherit).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import shlex
+from typing import Mapping, Optional, Sequence
+
+from launcher import contract
+from launcher.config import LaunchConfig
+from launcher.devices import Card, DeviceKind
+
+SCHEDULER_MODULE = "parallel.scheduler"
+# MindSpore retries refused connections every 3-5 s by default; the rank hook already waits for
+# the scheduler, so any retry that remains should be short.
+_FAST_RETRY = {contract.MS_RETRY_INTERVAL_LOWER: "1", contract.MS_RETRY_INTERVAL_UPPER: "1"}
+
+
+class StartMode(str, enum.Enum):
+    """How the ranks find each other.
+
+    ``dynamic-cluster``: MindSpore's scheduler plus workers (msrun's way, works on CPU).
+    ``rank-table``: HCCL reads ``RANK_TABLE_FILE``; no scheduler.
+    ``single``: one process in the foreground, no communication (``--debug``, ``--cards 1``).
+    """
+
+    DYNAMIC_CLUSTER = "dynamic-cluster"
+    RANK_TABLE = "rank-table"
+    SINGLE = "single"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One host of the job and the cards its ranks use, in local-rank order."""
+
+    host: str
+    node_rank: int
+    cards: tuple[Card, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankAssignment:
+    """What a rank table assigns to one local process (rank-table mode)."""
+
+    rank: int
+    device_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start: a rank (``rank`` set) or the scheduler (``rank is None``)."""
+
+    rank: Optional[int]
+    host: str
+    node_rank: int
+    local_rank: Optional[int]
+    device_id: Optional[int]
+    log_path: str
+    env: Mapping[str, str]
+    argv: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """``host:rank`` as the console prefix shows it (``host:sched`` for the scheduler)."""
+        return f"{self.host}:{'sched' if self.rank is None else self.rank}"
+
+    @property
+    def events_path(self) -> str:
+        return self.env.get(contract.EVENTS_FILE, "")
+
+    @property
+    def error_path(self) -> str:
+        return self.env.get(contract.ERROR_FILE, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job, every node's processes included."""
+
+    job_id: str
+    log_dir: str
+    mode: StartMode
+    device: DeviceKind
+    master_addr: str
+    master_port: int
+    world_size: int
+    nnodes: int
+    scheduler: Optional[ProcessSpec]
+    ranks: tuple[ProcessSpec, ...]
+    workdir: str
+
+    @property
+    def processes(self) -> tuple[ProcessSpec, ...]:
+        return ((self.scheduler,) if self.scheduler else ()) + self.ranks
+
+    def on_node(self, node_rank: int) -> tuple[ProcessSpec, ...]:
+        return tuple(p for p in self.processes if p.node_rank == node_rank)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, default=_json_default)
+
+    def render(self) -> str:
+        """The plan as a person reads it (``--dry-run``)."""
+        head = (f"job {self.job_id}: {self.world_size} rank(s) on {self.nnodes} node(s), "
+                f"{self.mode.value} mode, device {self.device.value}, "
+                f"master {self.master_addr}:{self.master_port}\nlog dir: {self.log_dir}\n"
+                f"working dir: {self.workdir}")
+        return "\n".join([head, *map(_render_process, self.processes)])
+
+
+def _render_process(spec: ProcessSpec) -> str:
+    who = "scheduler" if spec.rank is None else f"rank {spec.rank}"
+    device = "" if spec.device_id is None else f"  device {spec.device_id}"
+    env = "\n".join(f"    {k}={v}" for k, v in sorted(spec.env.items()))
+    return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n  env:\n{env}\n"
+            f"  cmd: {shlex.join(spec.argv)}")
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    return dict(value)  # type: ignore[call-overload]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """What the caller found out before planning: ports, hosts, the rank table's assignments."""
+
+    job_id: str
+    log_dir: str
+    master_port: int
+    device: DeviceKind
+    nodes: tuple[Node, ...]
+    base_pythonpath: str = ""
+    boot_dir: str = ""
+    assignments: Optional[Mapping[int, Sequence[RankAssignment]]] = None
+    rank_table_path: Optional[str] = None
+    world_size: Optional[int] = None
+    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    inherited: frozenset[str] = frozenset()
+    """Names already set in the environment the ranks inherit: the plan's defaults yield to them."""
+
+
+def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
+    """Lay out every process of the job. ``inputs.assignments`` switches on rank-table mode."""
+    mode = _start_mode(config, inputs)
+    world = inputs.world_size or sum(len(n.cards) for n in inputs.nodes)
+    ranks = tuple(_rank_specs(config, inputs, mode, world))
+    scheduler = _scheduler_spec(config, inputs, world) if mode is StartMode.DYNAMIC_CLUSTER else None
+    return LaunchPlan(job_id=inputs.job_id, log_dir=inputs.log_dir, mode=mode,
+                      device=inputs.device, master_addr=config.master_addr,
+                      master_port=inputs.master_port, world_size=world,
+                      nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
+                      workdir=os.path.abspath(config.workdir or "."))
+
+
+def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:
+    if inputs.assignments is not None:
+        return StartMode.RANK_TABLE
+    single_card = len(inputs.nodes) == 1 and len(inputs.nodes[0].cards) == 1
+    return StartMode.SINGLE if config.debug or single_card else StartMode.DYNAMIC_CLUSTER
+
+
+def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world: int):
+    first_rank = 0
+    for node in inputs.nodes:
+        assigned = inputs.assignments[node.node_rank] if inputs.assignments is not None else None
+        for local_rank, card in enumerate(node.cards):
+            rank = assigned[local_rank].rank if assigned else first_rank + local_rank
+            device = assigned[local_rank].device_id if assigned else card.logical
+            yield _rank_spec(config, inputs, mode, node, local_rank, rank, device, world)
+        first_rank += len(node.cards)
+
+
+def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: Node,
+               local_rank: int, rank: int, device: int, world: int) -> ProcessSpec:
+    env = {
+        contract.RANK_ID: str(rank), contract.RANK: str(rank),
+        contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
+        contract.LOCAL_RANK: str(local_rank), contract.LOCAL_WORLD_SIZE: str(len(node.cards)),
+        contract.DEVICE_ID: str(device),
+        contract.MASTER_ADDR: config.master_addr, contract.MASTER_PORT: str(inputs.master_port),
+        contract.EVENTS_FILE: os.path.join(inputs.log_dir, "events", f"rank_{rank}.jsonl"),
+        contract.ERROR_FILE: os.path.join(inputs.log_dir, "errors", f"rank_{rank}.json"),
+        **_common_env(inputs, node),
+    }
+    if mode is StartMode.DYNAMIC_CLUSTER:
+        env.update(_cluster_env(config, inputs, world))
+        env.update({contract.MS_ROLE: contract.ROLE_WORKER, contract.MS_NODE_ID: str(rank),
+                    contract.WAIT_FOR_SCHEDULER: "1"})
+    elif mode is StartMode.RANK_TABLE:
+        env[contract.RANK_TABLE_FILE] = os.path.abspath(inputs.rank_table_path or "")
+    else:
+        env[contract.DEBUG] = "1" if config.debug else "0"
+    env.update(config.env)
+    return ProcessSpec(rank=rank, host=node.host, node_rank=node.node_rank,
+                       local_rank=local_rank, device_id=device,
+                       log_path=os.path.join(inputs.log_dir, f"rank_{rank}.log"), env=env,
+                       argv=(config.python, config.script, *config.script_args))
+
+
+def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:
+    node = inputs.nodes[0]
+    env = {**_common_env(inputs, node), **_cluster_env(config, inputs, world),
+           contract.MS_ROLE: contract.ROLE_SCHEDULER, **dict(config.env)}
+    return ProcessSpec(rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
+                       device_id=None, log_path=os.path.join(inputs.log_dir, "scheduler.log"),
+                       env=env, argv=(config.python, "-m", SCHEDULER_MODULE))
+
+
+def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[str, str]:
+    env = {contract.MS_SCHED_HOST: config.master_addr,
+           contract.MS_SCHED_PORT: str(inputs.master_port),
+           contract.MS_WORKER_NUM: str(world)}
+    env.update({k: v for k, v in _FAST_RETRY.items()
+                if k not in inputs.inherited and k not in inputs.extra_env})
+    return env
+
+
+def _common_env(inputs: PlanInputs, node: Node) -> dict[str, str]:
+    pythonpath = os.pathsep.join(p for p in (inputs.boot_dir, inputs.base_pythonpath) if p)
+    env = {
+        contract.JOB_ID: inputs.job_id, contract.LOG_DIR: inputs.log_dir,
+        contract.DEVICE_KIND: inputs.device.value, contract.HOST: node.host,
+        contract.NODE_RANK: str(node.node_rank), contract.NNODES: str(len(inputs.nodes)),
+        "PYTHONUNBUFFERED": "1",
+        **inputs.extra_env,
+    }
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env

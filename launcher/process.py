@@ -1,0 +1,166 @@
+"""The processes of one node: start, poll, close.
+
+Each process runs in its own session, so ``os.killpg`` reaches whatever it started too. ``close``
+is idempotent: SIGTERM to every group still alive, wait to a deadline, SIGKILL the rest, reap, and
+finally kill any stray process that still carries the job id in its environment (a grandchild
+that called ``setsid``). It never matches processes by command name: that would hit other jobs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import Mapping, Optional
+
+import psutil
+
+from launcher import contract
+from launcher.output import Console, Pump
+from launcher.plan import ProcessSpec
+
+_POLL_INTERVAL = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """How one process ended: ``returncode`` as Popen reports it (negative for a signal)."""
+
+    spec: ProcessSpec
+    pid: int
+    returncode: int
+    time: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention: 128 + signal number for a process killed by a signal."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+class ProcessGroup:
+    """Every process this launcher started on this node, keyed by label."""
+
+    def __init__(self, job_id: str, base_env: Mapping[str, str], workdir: str,
+                 console: Optional[Console]) -> None:
+        self._job_id = job_id
+        self._base_env = dict(base_env)
+        self._workdir = workdir
+        self._console = console
+        self._running: dict[str, tuple[ProcessSpec, subprocess.Popen]] = {}
+        self._pumps: dict[str, Pump] = {}
+        self.pids: dict[str, int] = {}
+        self._closed = False
+
+    def start(self, spec: ProcessSpec, show_on_console: bool) -> int:
+        """Start ``spec`` with its output pumped to its log; returns the pid."""
+        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        read_end, write_end = os.pipe()
+        try:
+            proc = subprocess.Popen(list(spec.argv), env=env, cwd=self._workdir,
+                                    stdin=subprocess.DEVNULL, stdout=write_end,
+                                    stderr=write_end, start_new_session=True)
+        except OSError:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        pump = Pump(read_end, spec.log_path, spec.label, self._console if show_on_console else None)
+        pump.start()
+        self._running[spec.label] = (spec, proc)
+        self._pumps[spec.label] = pump
+        self.pids[spec.label] = proc.pid
+        return proc.pid
+
+    def poll(self) -> list[Exit]:
+        """The processes that ended since the last call."""
+        ended = []
+        for label, (spec, proc) in list(self._running.items()):
+            code = proc.poll()
+            if code is not None:
+                del self._running[label]
+                ended.append(Exit(spec, proc.pid, code, time.time()))
+        return ended
+
+    def running(self) -> list[ProcessSpec]:
+        return [spec for spec, _ in self._running.values()]
+
+    def drain(self, label: str, timeout: float) -> None:
+        """Wait for the last output of an ended process to reach its log."""
+        pump = self._pumps.get(label)
+        if pump is not None:
+            pump.join(timeout)
+
+    def close(self, grace: float) -> list[Exit]:
+        """Stop everything still running (SIGTERM, ``grace`` seconds, SIGKILL); idempotent."""
+        if self._closed:
+            return []
+        self._closed = True
+        for _, proc in self._running.values():
+            _signal_group(proc.pid, signal.SIGTERM)
+        ended = self._wait_until(time.monotonic() + grace)
+        for _, proc in self._running.values():
+            _signal_group(proc.pid, signal.SIGKILL)
+        ended += self._wait_until(time.monotonic() + 5.0)
+        kill_job_strays(self._job_id)
+        for pump in self._pumps.values():
+            pump.join(1.0)
+        return ended
+
+    def _wait_until(self, deadline: float) -> list[Exit]:
+        ended = []
+        while self._running and time.monotonic() < deadline:
+            ended += self.poll()
+            if self._running:
+                time.sleep(_POLL_INTERVAL)
+        # The leader may be gone while the rest of its group still runs: sweep the group too.
+        for exit_ in ended:
+            _signal_group(exit_.pid, signal.SIGKILL)
+        return ended
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_job_strays(job_id: str) -> list[int]:
+    """SIGKILL every process of this user whose environment carries ``job_id``."""
+    killed = []
+    for proc in job_processes(job_id):
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    return killed
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Processes whose environment has ``NPU_LAUNCH_JOB_ID=job_id`` (not this one)."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(contract.JOB_ID) == job_id:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

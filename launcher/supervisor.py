@@ -1,0 +1,198 @@
+"""Run a plan's processes on this node and watch them until the job ends.
+
+The first rank that exits non-zero or by a signal ends the job; so do ranks that never
+initialise within the start-up timeout, and SIGINT/SIGTERM/SIGHUP to the launcher. Whatever the
+ending, ``ProcessGroup.close`` runs in a ``finally``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Mapping, Optional, TextIO
+
+from launcher import contract
+from launcher.config import ConsoleFilter
+from launcher.events import EventTail
+from launcher.failures import Failure, Outcome, describe_failure, describe_stuck, root_cause
+from launcher.output import Console
+from launcher.plan import LaunchPlan, ProcessSpec, StartMode
+from launcher.process import Exit, ProcessGroup
+
+_TICK = 0.02
+_DRAIN_TIMEOUT = 0.5
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """How the job ended, per process and as a whole."""
+
+    outcome: Outcome
+    exit_code: int
+    exits: tuple[Exit, ...]
+    root_cause: Optional[Failure]
+    message: str
+    started_at: float
+    initialised_at: Mapping[int, float]
+    ended_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisorSettings:
+    kill_timeout: float
+    startup_timeout: float
+    console: ConsoleFilter
+
+
+class Supervisor:
+    """Starts ``plan.on_node(node_rank)`` and watches it. ``run`` returns once all are gone."""
+
+    def __init__(self, plan: LaunchPlan, settings: SupervisorSettings,
+                 base_env: Mapping[str, str], node_rank: int = 0,
+                 console_stream: Optional[Console] = None,
+                 on_event: Optional[Callable[[dict], None]] = None) -> None:
+        self._plan = plan
+        self._settings = settings
+        self._base_env = base_env
+        self._specs = plan.on_node(node_rank)
+        self._console = console_stream or Console(sys.stdout.buffer)
+        self._on_event = on_event
+        self._tails = {s.rank: EventTail(s.events_path) for s in self._specs if s.rank is not None}
+        self._initialised: dict[int, float] = {}
+        self._signal: Optional[int] = None
+        self._wake = threading.Event()
+
+    def run(self) -> JobResult:
+        started = time.time()
+        group = ProcessGroup(self._plan.job_id, self._base_env, self._plan.workdir, self._console)
+        previous = self._install_signal_handlers()
+        try:
+            self._start_all(group)
+            outcome, ended = self._watch(group, started)
+            if outcome is Outcome.FAILED:
+                for exit_ in ended:
+                    group.drain(exit_.spec.label, _DRAIN_TIMEOUT)
+            stuck = self._stuck_ranks(group)
+        finally:
+            ended_at_close = group.close(self._settings.kill_timeout)
+            _restore_signal_handlers(previous)
+        exits = tuple(ended) + tuple(ended_at_close)
+        return self._result(outcome, ended, exits, stuck, started)
+
+    def _start_all(self, group: ProcessGroup) -> None:
+        for spec in self._specs:
+            show = spec.rank is not None and self._settings.console.shows(spec.rank)
+            group.start(spec, show)
+
+    def _watch(self, group: ProcessGroup, started: float) -> tuple[Outcome, list[Exit]]:
+        ranks = {s.label for s in self._specs if s.rank is not None}
+        deadline = self._startup_deadline(started)
+        ended: list[Exit] = []
+        while True:
+            if self._signal is not None:
+                return Outcome.INTERRUPTED, ended
+            new = group.poll()
+            ended += new
+            self._read_events()
+            if any(not e.ok for e in new):
+                return Outcome.FAILED, [e for e in ended if not e.ok]
+            if ranks <= {e.spec.label for e in ended}:
+                return Outcome.SUCCEEDED, ended
+            if deadline is not None and time.time() > deadline and self._stuck_ranks(group):
+                return Outcome.STARTUP_TIMEOUT, ended
+            self._wake.wait(_TICK)
+
+    def _startup_deadline(self, started: float) -> Optional[float]:
+        if self._plan.mode is StartMode.SINGLE:
+            return None
+        timeout = self._settings.startup_timeout
+        return started + timeout if timeout > 0 else None
+
+    def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
+        return sorted((s for s in group.running()
+                       if s.rank is not None and s.rank not in self._initialised),
+                      key=lambda s: s.rank)  # type: ignore[arg-type, return-value]
+
+    def _read_events(self) -> None:
+        for rank, tail in self._tails.items():
+            for event in tail.read():
+                if event.get("event") == contract.EVENT_INITIALISED:
+                    self._initialised.setdefault(rank, float(event.get("time", time.time())))
+                if self._on_event is not None:
+                    self._on_event(event)
+
+    def _result(self, outcome: Outcome, ended: list[Exit], exits: tuple[Exit, ...],
+                stuck: list[ProcessSpec], started: float) -> JobResult:
+        job = self._plan.job_id
+        cause = root_cause(ended) if outcome is Outcome.FAILED else None
+        if cause is not None:
+            code, message = cause.exit.exit_code, describe_failure(cause, job)
+        elif outcome is Outcome.STARTUP_TIMEOUT:
+            code = 1
+            message = describe_stuck(stuck, job, self._settings.startup_timeout,
+                                     "never initialised (no communication init())")
+        elif outcome is Outcome.INTERRUPTED:
+            code = 128 + (self._signal or 0)
+            message = (f"npu-launch: job {job} stopped by "
+                       f"{signal.Signals(self._signal).name}: every process ended")  # type: ignore[arg-type]
+        else:
+            code = 0
+            message = (f"npu-launch: job {job} finished: {len(self._tails)} rank(s) exited 0 "
+                       f"in {time.time() - started:.1f} s; logs in {self._plan.log_dir}")
+        return JobResult(outcome, code, exits, cause, message, started,
+                         dict(self._initialised), time.time())
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        previous = {}
+        for sig in _STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._signal is None:
+            self._signal = signum
+        self._wake.set()
+
+
+def _restore_signal_handlers(previous: Mapping[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def run_foreground(spec: ProcessSpec, base_env: Mapping[str, str], workdir: str,
+                   job_id: str) -> JobResult:
+    """One process with the terminal's stdin/stdout, for pdb (``--debug``, ``--cards 1``).
+
+    The launcher ignores SIGINT meanwhile: Ctrl-C reaches the rank through the terminal, where
+    pdb or the script handles it. SIGTERM and SIGHUP are passed on.
+    """
+    started = time.time()
+    env = {**base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+    proc = subprocess.Popen(list(spec.argv), env=env, cwd=workdir)
+    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+                signal.SIGHUP: signal.signal(signal.SIGHUP, forward)}
+    try:
+        returncode = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _restore_signal_handlers(previous)
+    exit_ = Exit(spec, proc.pid, returncode, time.time())
+    cause = root_cause([exit_])
+    message = describe_failure(cause, job_id) if cause else ""
+    outcome = Outcome.FAILED if cause else Outcome.SUCCEEDED
+    return JobResult(outcome, exit_.exit_code, (exit_,), cause, message, started, {}, time.time())
+
+
+def print_message(result: JobResult, stream: TextIO) -> None:
+    if result.message:
+        stream.write(result.message + "\n")
+        stream.flush()

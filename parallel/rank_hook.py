@@ -1,0 +1,150 @@
+"""What npu-launch adds to every rank without the user writing a line (via ``_boot``).
+
+* An error report: an uncaught exception writes ``{rank, host, pid, exception, message,
+  traceback, timestamp}`` as JSON to ``$NPU_LAUNCH_ERROR_FILE`` before Python prints it.
+* A parent watch: the rank is killed by the kernel when its launcher dies, even by SIGKILL.
+* Start-up events: ``started`` at boot and ``initialised`` when MindSpore's communication
+  ``init()`` returns (found through an import hook on ``mindspore.communication.management``),
+  which is how the launcher tells a rank stuck before ``init()``.
+* A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
+  registration only every 3-5 s, so connecting too early costs seconds.
+
+Nothing here imports MindSpore.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from types import ModuleType, TracebackType
+from typing import Any, Callable, Optional, Sequence, Type
+
+from launcher import contract
+from parallel import events
+
+_COMM_MODULE = "mindspore.communication.management"
+_PR_SET_PDEATHSIG = 1
+
+
+def install() -> None:
+    """Install every hook whose variable the launcher set; a no-op outside npu-launch."""
+    if contract.PARENT_PID in os.environ:
+        _die_with_parent(int(os.environ[contract.PARENT_PID]))
+    if contract.ERROR_FILE in os.environ:
+        sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
+    if contract.EVENTS_FILE in os.environ:
+        events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""))
+        sys.meta_path.insert(0, _CommInitHook())
+
+
+def run_shadowed_sitecustomize(boot_file: str) -> None:
+    """Run the ``sitecustomize`` that ours hides on ``sys.path``, if there is one."""
+    boot_dir = os.path.dirname(os.path.abspath(boot_file))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != boot_dir]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's teardown still covers us
+        return
+    # The parent may have died before prctl took effect.
+    if os.getppid() != parent_pid:
+        os._exit(128 + signal.SIGKILL)
+
+
+ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], Any]
+
+
+def _reporting_excepthook(previous: ExceptHook, path: str) -> ExceptHook:
+    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        try:
+            write_error_report(path, exc_type, exc, tb)
+        finally:
+            previous(exc_type, exc, tb)
+    return hook
+
+
+def write_error_report(path: str, exc_type: Type[BaseException], exc: BaseException,
+                       tb: Optional[TracebackType]) -> None:
+    """Write the report atomically, so the launcher never reads half of one."""
+    identity = contract.RankIdentity.from_environ(os.environ)
+    report = {
+        "rank": identity.rank,
+        "host": os.environ.get(contract.HOST) or socket.gethostname(),
+        "pid": os.getpid(),
+        "exception": exc_type.__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+        "timestamp": time.time(),
+    }
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f)
+    os.replace(tmp, path)
+
+
+class _CommInitHook(importlib.abc.MetaPathFinder):
+    """Wraps ``init`` of MindSpore's communication module as soon as that module is loaded."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != _COMM_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _WrappingLoader(spec.loader)
+        return spec
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)  # type: ignore[attr-defined]
+        module.init = _reporting_init(module.init)
+
+
+def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
+    def init(*args: Any, **kwargs: Any) -> Any:
+        if os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
+            wait_for_scheduler(os.environ)
+        result = real_init(*args, **kwargs)
+        events.emit(contract.EVENT_INITIALISED)
+        return result
+    init.__wrapped__ = real_init  # type: ignore[attr-defined]
+    init.__doc__ = real_init.__doc__
+    return init
+
+
+def wait_for_scheduler(environ: "os._Environ[str] | dict[str, str]") -> None:
+    """Block until the scheduler accepts TCP connections (the launcher bounds the wait)."""
+    if environ.get(contract.WAIT_FOR_SCHEDULER) != "1":
+        return
+    address = (environ[contract.MS_SCHED_HOST], int(environ[contract.MS_SCHED_PORT]))
+    while True:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.02)
