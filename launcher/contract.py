@@ -79,6 +79,7 @@ PREFIX = "NPU_LAUNCH_"
 
 # Event names written to EVENTS_FILE.
 EVENT_STARTED = "started"
+EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
 EVENT_STEP = "step"
 EVENT_CHECKPOINT = "checkpoint"

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import json
 import os
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from launcher.output import tail
 from launcher.plan import ProcessSpec
@@ -92,14 +92,26 @@ def describe_failure(failure: Failure, job_id: str) -> str:
     return "\n".join(lines)
 
 
-def describe_stuck(specs: Sequence[ProcessSpec], job_id: str, waited: float, what: str) -> str:
-    """The block for ranks that never initialised (or stopped making progress)."""
-    names = ", ".join(f"rank {s.rank} on {s.host}" for s in specs)
-    lines = [f"npu-launch: job {job_id} stopped: {names} {what} after {waited:g} s"]
-    for spec in specs[:4]:
+def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_id: str,
+                   waited: float) -> str:
+    """The block for ranks that had not initialised communication when the time was up."""
+    never = [s for s in specs if s.rank not in in_init]
+    waiting = [s for s in specs if s.rank in in_init]
+    parts = []
+    if never:
+        parts.append(f"{_names(never)} never reached init()")
+    if waiting:
+        parts.append(f"{_names(waiting)} waiting in init()")
+    lines = [f"npu-launch: job {job_id} stopped after {waited:g} s (--startup-timeout): "
+             + "; ".join(parts)]
+    for spec in (never or waiting)[:4]:
         lines.append(f"  last lines of {spec.log_path}:")
         lines += [f"    | {l}" for l in tail(spec.log_path, 5)] or ["    | (empty)"]
     return "\n".join(lines)
+
+
+def _names(specs: Sequence[ProcessSpec]) -> str:
+    return ", ".join(f"rank {s.rank} on {s.host}" for s in specs)
 
 
 def _last_frames(traceback_text: str, count: int = 6) -> list[str]:

@@ -64,6 +64,7 @@ class Supervisor:
         self._on_event = on_event
         self._tails = {s.rank: EventTail(s.events_path) for s in self._specs if s.rank is not None}
         self._initialised: dict[int, float] = {}
+        self._in_init: set[int] = set()
         self._signal: Optional[int] = None
         self._wake = threading.Event()
 
@@ -121,7 +122,10 @@ class Supervisor:
     def _read_events(self) -> None:
         for rank, tail in self._tails.items():
             for event in tail.read():
-                if event.get("event") == contract.EVENT_INITIALISED:
+                kind = event.get("event")
+                if kind == contract.EVENT_INIT_STARTED:
+                    self._in_init.add(rank)
+                elif kind == contract.EVENT_INITIALISED:
                     self._initialised.setdefault(rank, float(event.get("time", time.time())))
                 if self._on_event is not None:
                     self._on_event(event)
@@ -134,8 +138,7 @@ class Supervisor:
             code, message = cause.exit.exit_code, describe_failure(cause, job)
         elif outcome is Outcome.STARTUP_TIMEOUT:
             code = 1
-            message = describe_stuck(stuck, job, self._settings.startup_timeout,
-                                     "never initialised (no communication init())")
+            message = describe_stuck(stuck, self._in_init, job, self._settings.startup_timeout)
         elif outcome is Outcome.INTERRUPTED:
             code = 128 + (self._signal or 0)
             message = (f"npu-launch: job {job} stopped by "

@@ -127,6 +127,7 @@ class _WrappingLoader(importlib.abc.Loader):
 
 def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
     def init(*args: Any, **kwargs: Any) -> Any:
+        events.emit(contract.EVENT_INIT_STARTED)
         if os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
             wait_for_scheduler(os.environ)
         result = real_init(*args, **kwargs)

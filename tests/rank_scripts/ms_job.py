@@ -1,0 +1,46 @@
+"""A real MindSpore data-parallel rank whose misbehaviour the tests choose by flags.
+
+--fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
+--sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
+--steps N: training steps; at the end each rank prints `checksum <value>`.
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+from mindspore.communication import get_group_size, get_rank, init
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--hang-before-init", type=int, default=-1)
+parser.add_argument("--sleep-after-init", type=float, default=0)
+parser.add_argument("--steps", type=int, default=3)
+args = parser.parse_args()
+
+ms.set_device("CPU")
+if int(os.environ["RANK_ID"]) == args.hang_before_init:
+    time.sleep(3600)
+init()
+rank, world = get_rank(), get_group_size()
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+ms.set_seed(1)
+print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
+if rank == args.fail_rank:
+    raise ValueError(f"boom on rank {rank}")
+time.sleep(args.sleep_after_init)
+
+net = nn.Dense(8, 2)
+optimizer = nn.SGD(net.trainable_params(), learning_rate=0.1)
+loss_fn = nn.MSELoss()
+grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
+reducer = nn.DistributedGradReducer(optimizer.parameters, mean=True)
+x = ms.Tensor(np.full((4, 8), rank + 1, np.float32))
+y = ms.Tensor(np.zeros((4, 2), np.float32))
+for _ in range(args.steps):
+    _, grads = grad_fn(x, y)
+    optimizer(reducer(grads))
+checksum = sum(float(np.abs(p.asnumpy()).sum()) for p in net.trainable_params())
+print(f"checksum {checksum:.10f}", flush=True)

@@ -1,0 +1,117 @@
+"""Options, config files and bad input: one line, exit code 2, nothing started."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import RANK_SCRIPTS, run_launcher
+
+SCRIPT = str(RANK_SCRIPTS / "chatty.py")
+
+
+def _one_line_error(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("npu-launch: error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--device", "cpu", "missing.py"], ["missing.py", "no such file"]),
+    (["--device", "cpu", "--cards", "0", SCRIPT], ["--cards 0"]),
+    (["--device", "cpu"], ["no script"]),
+    (["--device", "cpu", "--no-such-option", SCRIPT], ["--no-such-option"]),
+    (["--device", "cpu", "--console", "zero", SCRIPT], ["--console zero"]),
+    (["--device", "cpu", "--env", "NOEQUALS", SCRIPT], ["--env", "NOEQUALS"]),
+    (["--device", "cpu", "--debug", "--cards", "2", SCRIPT], ["--debug", "--cards 2"]),
+    (["--device", "npu", "--cards", "2", SCRIPT], ["--device npu", "no Ascend cards"]),
+])
+def test_bad_options_are_one_line_exit_2(weird_tmp: Path, args, needles) -> None:
+    result = run_launcher(*args, "--log-dir", str(weird_tmp / "logs"), cwd=weird_tmp)
+    _one_line_error(result, *needles)
+    assert not (weird_tmp / "logs").exists(), "a refused launch must not create its log dir"
+
+
+def test_master_port_in_use(weird_tmp: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_launcher("--device", "cpu", "--cards", "2", "--master-port", str(port),
+                              "--log-dir", str(weird_tmp / "logs"), SCRIPT)
+    _one_line_error(result, f"--master-port {port}", "already in use")
+    assert not (weird_tmp / "logs").exists()
+
+
+def test_more_cards_than_devices(weird_tmp: Path) -> None:
+    devfs = weird_tmp / "dev"
+    devfs.mkdir()
+    for i in (0, 1, 10, 11):  # plain files named like the driver's nodes; two-digit ids too
+        (devfs / f"davinci{i}").touch()
+    (devfs / "davinci_manager").touch()
+    env = {**os.environ, "NPU_LAUNCH_DEVFS": str(devfs)}
+    result = run_launcher("--device", "npu", "--cards", "5", SCRIPT, env=env)
+    _one_line_error(result, "--cards 5", "4 Ascend card(s) (0,1,10,11)")
+    env["ASCEND_RT_VISIBLE_DEVICES"] = "1,10"
+    result = run_launcher("--device", "npu", "--cards", "3", SCRIPT, env=env)
+    _one_line_error(result, "--cards 3", "2 Ascend card(s) (1,10)")
+    result = run_launcher("--device", "auto", "--dry-run", "--json", SCRIPT, env=env)
+    plan = json.loads(result.stdout)
+    assert "found 2 Ascend card(s)" in result.stderr
+    assert [r["env"]["DEVICE_ID"] for r in plan["ranks"]] == ["0", "1"]
+    assert plan["device"] == "npu"
+
+
+def test_config_file_unknown_key_names_line(weird_tmp: Path) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text("cards: 2\n# a comment\nkill-timeout: 3\nshards: 4\n")
+    result = run_launcher("--config", str(cfg), "--device", "cpu", SCRIPT)
+    _one_line_error(result, f"{cfg}:4:", "unknown key 'shards'")
+
+
+def test_config_file_invalid_yaml_names_line(weird_tmp: Path) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text("cards: 2\ndevice: cpu\nenv: [A=1\nconsole: all\n")
+    result = run_launcher("--config", str(cfg), SCRIPT)
+    _one_line_error(result, f"{cfg}:4:", "invalid YAML")
+
+
+def test_config_file_bad_value_names_line(weird_tmp: Path) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text("device: cpu\ncards: many\n")
+    result = run_launcher("--config", str(cfg), SCRIPT)
+    _one_line_error(result, f"{cfg}:2:", "cards")
+
+
+def test_config_file_values_and_flags_win(weird_tmp: Path) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text(f"device: cpu\ncards: 3\nkill_timeout: 7\nmaster-port: 45678\n"
+                   f"env: {{FOO: 'a b;c'}}\nscript: {json.dumps(SCRIPT)}\n"
+                   "script_args: [--lines, 5]\n")
+    result = run_launcher("--config", str(cfg), "--cards", "2", "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert len(plan["ranks"]) == 2  # the flag beat the file's 3
+    assert plan["master_port"] == 45678
+    assert plan["ranks"][0]["env"]["FOO"] == "a b;c"
+    assert plan["ranks"][0]["argv"][1:] == [SCRIPT, "--lines", "5"]
+
+
+def test_dry_run_prints_plan_and_starts_nothing(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "j1", "--log-dir",
+                          str(logs), "--dry-run", SCRIPT, "--code", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "job j1: 2 rank(s) on 1 node(s), dynamic-cluster mode, device cpu" in out
+    assert "scheduler" in out and "rank 0" in out and "rank 1" in out
+    assert "MS_ROLE=MS_WORKER" in out and "MS_ROLE=MS_SCHED" in out
+    assert f"log {logs}/rank_1.log" in out
+    assert "--code 3" in out
+    assert not logs.exists()

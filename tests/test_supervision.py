@@ -1,0 +1,111 @@
+"""Real MindSpore ranks under npu-launch: success, failure, kill -9, hang before init, signals.
+
+Every test ends by asserting that no process of the job is left (found by the job id in the
+environment, plus every pid seen while the job ran). Time bounds here are not benchmarks: each
+misbehaving job would otherwise run for an hour, so finishing at all proves the mechanism.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import (RANK_SCRIPTS, assert_no_job_processes, initialised, job_pids,
+                      npu_launch_argv, run_launcher, wait_for)
+
+pytestmark = pytest.mark.mindspore
+JOB = str(RANK_SCRIPTS / "ms_job.py")
+
+
+def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = ()) -> subprocess.Popen:
+    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job_id, "--log-dir",
+                           str(tmp / "logs"), "--kill-timeout", "3", *extra, JOB, *script_args)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_pid(job_id: str, rank: int) -> int:
+    for pid in job_pids(job_id):
+        env = psutil.Process(pid).environ()
+        if env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER":
+            return pid
+    return 0
+
+
+def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "ok-job", "--log-dir",
+                          str(weird_tmp / "logs"), JOB, "--steps", "4")
+    assert result.returncode == 0, result.stderr
+    sums = {line.split("]")[0] + "]": line.split()[-1] for line in result.stdout.splitlines()
+            if " checksum " in line}
+    host = socket.gethostname()
+    assert set(sums) == {f"[{host}:0]", f"[{host}:1]"}, result.stdout
+    assert len(set(sums.values())) == 1, f"ranks disagree: {sums}"
+    assert "finished: 2 rank(s) exited 0" in result.stderr
+    logs = weird_tmp / "logs"
+    assert (logs / "scheduler.log").exists() and (logs / "rank_0.log").exists()
+    assert "rank 1 of 2 up, RANK_ID=1" in (logs / "rank_1.log").read_text()
+    assert_no_job_processes("ok-job")
+
+
+def test_failing_rank_is_the_root_cause(weird_tmp: Path) -> None:
+    proc = _launch(weird_tmp, "fail-job", "--fail-rank", "1", "--sleep-after-init", "3600")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    assert "failed: rank 1 on" in err and "exited with code 1" in err
+    assert "ValueError: boom on rank 1" in err
+    assert "last lines of" in err and "rank_1.log" in err
+    assert_no_job_processes("fail-job")
+
+
+def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
+    proc = _launch(weird_tmp, "kill-job", "--sleep-after-init", "3600")
+    wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
+    seen = tuple(job_pids("kill-job"))
+    victim = _rank_pid("kill-job", 1)
+    psutil.Process(victim).kill()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert f"rank 1 on" in err and f"(pid {victim}) killed by SIGKILL" in err
+    assert_no_job_processes("kill-job", seen)
+
+
+def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
+    proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
+                   extra=("--startup-timeout", "20"))
+    wait_for(lambda: job_pids("hang-job"), "the job's processes")
+    seen = tuple(job_pids("hang-job"))
+    out, err = proc.communicate(timeout=200)
+    assert proc.returncode == 1, err
+    assert "rank 1 on" in err and "never reached init()" in err, err
+    assert "rank 0 on" in err and "waiting in init()" in err, err
+    assert_no_job_processes("hang-job", seen)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                        (signal.SIGHUP, 129)])
+def test_signal_to_launcher_stops_everything(weird_tmp: Path, sig, code) -> None:
+    job = f"sig-job-{sig.name}"
+    proc = _launch(weird_tmp, job, "--sleep-after-init", "3600")
+    wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
+    seen = tuple(job_pids(job))
+    assert len(seen) >= 3, "scheduler and two ranks should be running"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert f"stopped by {sig.name}" in err
+    assert_no_job_processes(job, seen)
+
+
+def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
+    proc = _launch(weird_tmp, "orphan-job", "--sleep-after-init", "3600")
+    wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
+    seen = tuple(job_pids("orphan-job"))
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: not job_pids("orphan-job"), "ranks to follow their dead launcher", 60)
+    assert_no_job_processes("orphan-job", seen)
