@@ -13,9 +13,8 @@ from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.errors import ConfigError
 from launcher.events import prepare_dirs
-from launcher.plan import LaunchPlan, Node, PlanInputs, StartMode, build_plan
-from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message, \
-    run_foreground
+from launcher.plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -33,8 +32,6 @@ def run_plan(plan: LaunchPlan, config: LaunchConfig, environ: Mapping[str, str])
     prepare_dirs(plan.log_dir)
     with open(os.path.join(plan.log_dir, "plan.json"), "w") as f:
         f.write(plan.to_json())
-    if plan.mode is StartMode.SINGLE:
-        return run_foreground(plan.ranks[0], environ, plan.workdir, plan.job_id)
     settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console)
     return Supervisor(plan, settings, environ).run()
 

@@ -27,7 +27,7 @@ class StartMode(str, enum.Enum):
 
     ``dynamic-cluster``: MindSpore's scheduler plus workers (msrun's way, works on CPU).
     ``rank-table``: HCCL reads ``RANK_TABLE_FILE``; no scheduler.
-    ``single``: one process in the foreground, no communication (``--debug``, ``--cards 1``).
+    ``single``: one process, no communication, PyNative (``--debug``).
     """
 
     DYNAMIC_CLUSTER = "dynamic-cluster"
@@ -94,6 +94,8 @@ class LaunchPlan:
     scheduler: Optional[ProcessSpec]
     ranks: tuple[ProcessSpec, ...]
     workdir: str
+    foreground: bool
+    """One rank on one node: it gets the terminal (stdin too, for pdb) instead of a log file."""
 
     @property
     def processes(self) -> tuple[ProcessSpec, ...]:
@@ -108,7 +110,8 @@ class LaunchPlan:
     def render(self) -> str:
         """The plan as a person reads it (``--dry-run``)."""
         head = (f"job {self.job_id}: {self.world_size} rank(s) on {self.nnodes} node(s), "
-                f"{self.mode.value} mode, device {self.device.value}, "
+                f"{self.mode.value} mode{', in the foreground' if self.foreground else ''}, "
+                f"device {self.device.value}, "
                 f"master {self.master_addr}:{self.master_port}\nlog dir: {self.log_dir}\n"
                 f"working dir: {self.workdir}")
         return "\n".join([head, *map(_render_process, self.processes)])
@@ -157,14 +160,14 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       device=inputs.device, master_addr=config.master_addr,
                       master_port=inputs.master_port, world_size=world,
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
-                      workdir=os.path.abspath(config.workdir or "."))
+                      workdir=os.path.abspath(config.workdir or "."),
+                      foreground=len(ranks) == 1 and len(inputs.nodes) == 1)
 
 
 def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:
     if inputs.assignments is not None:
         return StartMode.RANK_TABLE
-    single_card = len(inputs.nodes) == 1 and len(inputs.nodes[0].cards) == 1
-    return StartMode.SINGLE if config.debug or single_card else StartMode.DYNAMIC_CLUSTER
+    return StartMode.SINGLE if config.debug else StartMode.DYNAMIC_CLUSTER
 
 
 def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world: int):

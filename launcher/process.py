@@ -85,6 +85,14 @@ class ProcessGroup:
         self.pids[spec.label] = proc.pid
         return proc.pid
 
+    def start_foreground(self, spec: ProcessSpec) -> int:
+        """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
+        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        proc = subprocess.Popen(list(spec.argv), env=env, cwd=self._workdir)
+        self._running[spec.label] = (spec, proc)
+        self.pids[spec.label] = proc.pid
+        return proc.pid
+
     def poll(self) -> list[Exit]:
         """The processes that ended since the last call."""
         ended = []
@@ -109,16 +117,21 @@ class ProcessGroup:
         if self._closed:
             return []
         self._closed = True
-        for _, proc in self._running.values():
-            _signal_group(proc.pid, signal.SIGTERM)
+        self._signal_all(signal.SIGTERM)
         ended = self._wait_until(time.monotonic() + grace)
-        for _, proc in self._running.values():
-            _signal_group(proc.pid, signal.SIGKILL)
+        self._signal_all(signal.SIGKILL)
         ended += self._wait_until(time.monotonic() + 5.0)
         kill_job_strays(self._job_id)
         for pump in self._pumps.values():
             pump.join(1.0)
         return ended
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for label, (_, proc) in self._running.items():
+            if label in self._pumps:
+                _signal_group(proc.pid, sig)
+            else:  # a foreground rank shares our process group: signal it alone
+                proc.send_signal(sig)
 
     def _wait_until(self, deadline: float) -> list[Exit]:
         ended = []
@@ -128,7 +141,8 @@ class ProcessGroup:
                 time.sleep(_POLL_INTERVAL)
         # The leader may be gone while the rest of its group still runs: sweep the group too.
         for exit_ in ended:
-            _signal_group(exit_.pid, signal.SIGKILL)
+            if exit_.spec.label in self._pumps:
+                _signal_group(exit_.pid, signal.SIGKILL)
         return ended
 
 

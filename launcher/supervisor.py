@@ -7,9 +7,7 @@ ending, ``ProcessGroup.close`` runs in a ``finally``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -87,8 +85,11 @@ class Supervisor:
 
     def _start_all(self, group: ProcessGroup) -> None:
         for spec in self._specs:
-            show = spec.rank is not None and self._settings.console.shows(spec.rank)
-            group.start(spec, show)
+            if spec.rank is not None and self._plan.foreground:
+                group.start_foreground(spec)
+            else:
+                show = spec.rank is not None and self._settings.console.shows(spec.rank)
+                group.start(spec, show)
 
     def _watch(self, group: ProcessGroup, started: float) -> tuple[Outcome, list[Exit]]:
         ranks = {s.label for s in self._specs if s.rank is not None}
@@ -109,8 +110,8 @@ class Supervisor:
             self._wake.wait(_TICK)
 
     def _startup_deadline(self, started: float) -> Optional[float]:
-        if self._plan.mode is StartMode.SINGLE:
-            return None
+        if self._plan.mode is StartMode.SINGLE or self._plan.foreground:
+            return None  # nobody sits at a pdb prompt against a clock
         timeout = self._settings.startup_timeout
         return started + timeout if timeout > 0 else None
 
@@ -153,7 +154,10 @@ class Supervisor:
     def _install_signal_handlers(self) -> dict[int, object]:
         previous = {}
         for sig in _STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, self._on_signal)
+            # Ctrl-C reaches a foreground rank through the terminal: pdb or the script decides.
+            foreground_sigint = sig == signal.SIGINT and self._plan.foreground
+            previous[sig] = signal.signal(sig, signal.SIG_IGN if foreground_sigint
+                                          else self._on_signal)
         return previous
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -165,34 +169,6 @@ class Supervisor:
 def _restore_signal_handlers(previous: Mapping[int, object]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)  # type: ignore[arg-type]
-
-
-def run_foreground(spec: ProcessSpec, base_env: Mapping[str, str], workdir: str,
-                   job_id: str) -> JobResult:
-    """One process with the terminal's stdin/stdout, for pdb (``--debug``, ``--cards 1``).
-
-    The launcher ignores SIGINT meanwhile: Ctrl-C reaches the rank through the terminal, where
-    pdb or the script handles it. SIGTERM and SIGHUP are passed on.
-    """
-    started = time.time()
-    env = {**base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
-    proc = subprocess.Popen(list(spec.argv), env=env, cwd=workdir)
-    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
-                signal.SIGHUP: signal.signal(signal.SIGHUP, forward)}
-    try:
-        returncode = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        _restore_signal_handlers(previous)
-    exit_ = Exit(spec, proc.pid, returncode, time.time())
-    cause = root_cause([exit_])
-    message = describe_failure(cause, job_id) if cause else ""
-    outcome = Outcome.FAILED if cause else Outcome.SUCCEEDED
-    return JobResult(outcome, exit_.exit_code, (exit_,), cause, message, started, {}, time.time())
 
 
 def print_message(result: JobResult, stream: TextIO) -> None:

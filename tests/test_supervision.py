@@ -109,3 +109,14 @@ def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
     proc.communicate(timeout=60)
     wait_for(lambda: not job_pids("orphan-job"), "ranks to follow their dead launcher", 60)
     assert_no_job_processes("orphan-job", seen)
+
+
+def test_one_card_is_a_cluster_of_one_in_the_foreground(weird_tmp: Path) -> None:
+    # The rank inherits the terminal (no log file, no prefix) and init() still works.
+    result = run_launcher("--device", "cpu", "--cards", "1", "--job-id", "one-job", "--log-dir",
+                          str(weird_tmp / "logs"), JOB, "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 of 1 up, RANK_ID=0" in result.stdout
+    assert not (weird_tmp / "logs" / "rank_0.log").exists()
+    assert (weird_tmp / "logs" / "scheduler.log").exists()
+    assert_no_job_processes("one-job")
