@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindspore import nn
+from mindspore.parallel.nn import PipelineCell
 
 from parallel.config import ParallelConfig
 from parallel.pipeline import parameter_weights, pipeline_network, split_stages
@@ -50,7 +51,7 @@ def test_pipeline_network_assigns_stages_and_puts_the_loss_last():
     # Weights 81, 1, 273, 1, 35: stages 82 | 309 beat 355 | 36.
     assert [cell.pipeline_stage for cell in cells] == [0, 0, 1, 1, 1]
     assert loss.pipeline_stage == 1
-    assert isinstance(network, nn.PipelineCell) and network.micro_size == 4
+    assert isinstance(network, PipelineCell) and network.micro_size == 4
 
 
 def test_the_wrapped_network_sums_the_losses_of_its_micro_batches():
