@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import json
 import os
+import signal
 from typing import Collection, Optional, Sequence
 
 from launcher.output import tail
@@ -54,35 +55,57 @@ class ErrorReport:
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """One process that ended badly, with what we know about why."""
+    """One process that failed: it exited badly, or reported an exception on its way out.
 
-    exit: Exit
+    ``returncode`` is None when the job was stopped on the report alone, before the rank's own
+    (often slow: MindSpore finalises for about a second) exit.
+    """
+
+    spec: ProcessSpec
+    pid: int
+    returncode: Optional[int]
     report: Optional[ErrorReport]
+    time: float
+
+    @classmethod
+    def from_exit(cls, exit_: Exit) -> "Failure":
+        report = ErrorReport.read(exit_.spec.error_path)
+        return cls(exit_.spec, exit_.pid, exit_.returncode, report,
+                   report.timestamp if report else exit_.time)
+
+    @classmethod
+    def from_report(cls, spec: ProcessSpec, pid: int, report: ErrorReport) -> "Failure":
+        return cls(spec, pid, None, report, report.timestamp)
 
     @property
-    def time(self) -> float:
-        return self.report.timestamp if self.report else self.exit.time
+    def exit_code(self) -> int:
+        """The launcher's exit code: the rank's, 128+signal, or 1 (Python's uncaught exception)."""
+        if self.returncode is None:
+            return 1
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
 
-    @property
-    def spec(self) -> ProcessSpec:
-        return self.exit.spec
+    def how(self) -> str:
+        if self.returncode is None:
+            return f"raised {self.report.exception if self.report else 'an exception'}"
+        if self.returncode < 0:
+            try:
+                return f"killed by {signal.Signals(-self.returncode).name}"
+            except ValueError:
+                return f"killed by signal {-self.returncode}"
+        return f"exited with code {self.returncode}"
 
 
-def root_cause(exits: Sequence[Exit]) -> Optional[Failure]:
-    """The earliest failure among ``exits`` (error-report time first, else the exit time)."""
-    failures = [Failure(e, ErrorReport.read(e.spec.error_path)) for e in exits if not e.ok]
-    if not failures:
-        return None
-    return min(failures, key=lambda f: (f.report is None, f.time))
+def root_cause(failures: Sequence[Failure]) -> Optional[Failure]:
+    """The earliest failure (error-report time where there is one, else the exit time)."""
+    return min(failures, key=lambda f: f.time, default=None)
 
 
 def describe_failure(failure: Failure, job_id: str) -> str:
     """The root-cause block printed when a rank (or the scheduler) fails."""
-    spec, exit_ = failure.spec, failure.exit
+    spec = failure.spec
     who = "scheduler" if spec.rank is None else f"rank {spec.rank}"
-    how = (f"killed by {exit_.signal_name}" if exit_.signal_name
-           else f"exited with code {exit_.returncode}")
-    lines = [f"npu-launch: job {job_id} failed: {who} on {spec.host} (pid {exit_.pid}) {how}"]
+    lines = [f"npu-launch: job {job_id} failed: {who} on {spec.host} (pid {failure.pid}) "
+             f"{failure.how()}"]
     if failure.report:
         lines.append(f"  {failure.report.exception}: {failure.report.message}")
         lines += [f"    {l}" for l in _last_frames(failure.report.traceback)]

@@ -36,20 +36,6 @@ class Exit:
     def ok(self) -> bool:
         return self.returncode == 0
 
-    @property
-    def signal_name(self) -> Optional[str]:
-        if self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
-
-    @property
-    def exit_code(self) -> int:
-        """The shell's convention: 128 + signal number for a process killed by a signal."""
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
-
 
 class ProcessGroup:
     """Every process this launcher started on this node, keyed by label."""

@@ -7,6 +7,7 @@ ending, ``ProcessGroup.close`` runs in a ``finally``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -16,7 +17,8 @@ from typing import Callable, Mapping, Optional, TextIO
 from launcher import contract
 from launcher.config import ConsoleFilter
 from launcher.events import EventTail
-from launcher.failures import Failure, Outcome, describe_failure, describe_stuck, root_cause
+from launcher.failures import (ErrorReport, Failure, Outcome, describe_failure, describe_stuck,
+                               root_cause)
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, StartMode
 from launcher.process import Exit, ProcessGroup
@@ -72,16 +74,15 @@ class Supervisor:
         previous = self._install_signal_handlers()
         try:
             self._start_all(group)
-            outcome, ended = self._watch(group, started)
-            if outcome is Outcome.FAILED:
-                for exit_ in ended:
-                    group.drain(exit_.spec.label, _DRAIN_TIMEOUT)
+            outcome, ended, failures = self._watch(group, started)
+            for failure in failures:
+                group.drain(failure.spec.label, _DRAIN_TIMEOUT)
             stuck = self._stuck_ranks(group)
         finally:
             ended_at_close = group.close(self._settings.kill_timeout)
             _restore_signal_handlers(previous)
-        exits = tuple(ended) + tuple(ended_at_close)
-        return self._result(outcome, ended, exits, stuck, started)
+        return self._result(outcome, failures, tuple(ended) + tuple(ended_at_close), stuck,
+                            started)
 
     def _start_all(self, group: ProcessGroup) -> None:
         for spec in self._specs:
@@ -91,22 +92,24 @@ class Supervisor:
                 show = spec.rank is not None and self._settings.console.shows(spec.rank)
                 group.start(spec, show)
 
-    def _watch(self, group: ProcessGroup, started: float) -> tuple[Outcome, list[Exit]]:
+    def _watch(self, group: ProcessGroup,
+               started: float) -> tuple[Outcome, list[Exit], list[Failure]]:
         ranks = {s.label for s in self._specs if s.rank is not None}
         deadline = self._startup_deadline(started)
         ended: list[Exit] = []
         while True:
             if self._signal is not None:
-                return Outcome.INTERRUPTED, ended
+                return Outcome.INTERRUPTED, ended, []
             new = group.poll()
             ended += new
             self._read_events()
-            if any(not e.ok for e in new):
-                return Outcome.FAILED, [e for e in ended if not e.ok]
+            failures = [Failure.from_exit(e) for e in new if not e.ok] + _reported(group)
+            if failures:
+                return Outcome.FAILED, ended, failures
             if ranks <= {e.spec.label for e in ended}:
-                return Outcome.SUCCEEDED, ended
+                return Outcome.SUCCEEDED, ended, []
             if deadline is not None and time.time() > deadline and self._stuck_ranks(group):
-                return Outcome.STARTUP_TIMEOUT, ended
+                return Outcome.STARTUP_TIMEOUT, ended, []
             self._wake.wait(_TICK)
 
     def _startup_deadline(self, started: float) -> Optional[float]:
@@ -131,12 +134,12 @@ class Supervisor:
                 if self._on_event is not None:
                     self._on_event(event)
 
-    def _result(self, outcome: Outcome, ended: list[Exit], exits: tuple[Exit, ...],
+    def _result(self, outcome: Outcome, failures: list[Failure], exits: tuple[Exit, ...],
                 stuck: list[ProcessSpec], started: float) -> JobResult:
         job = self._plan.job_id
-        cause = root_cause(ended) if outcome is Outcome.FAILED else None
+        cause = root_cause(failures)
         if cause is not None:
-            code, message = cause.exit.exit_code, describe_failure(cause, job)
+            code, message = cause.exit_code, describe_failure(cause, job)
         elif outcome is Outcome.STARTUP_TIMEOUT:
             code = 1
             message = describe_stuck(stuck, self._in_init, job, self._settings.startup_timeout)
@@ -164,6 +167,18 @@ class Supervisor:
         if self._signal is None:
             self._signal = signum
         self._wake.set()
+
+
+def _reported(group: ProcessGroup) -> list[Failure]:
+    """Running ranks that already reported an uncaught exception: they are on their way out,
+    and the job need not wait the second MindSpore takes to finalise them."""
+    failures = []
+    for spec in group.running():
+        if spec.error_path and os.path.exists(spec.error_path):
+            report = ErrorReport.read(spec.error_path)
+            if report is not None:
+                failures.append(Failure.from_report(spec, group.pids[spec.label], report))
+    return failures
 
 
 def _restore_signal_handlers(previous: Mapping[int, object]) -> None:

@@ -72,10 +72,13 @@ ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackTyp
 
 def _reporting_excepthook(previous: ExceptHook, path: str) -> ExceptHook:
     def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        # Print first: the launcher stops the job as soon as the report exists, and the
+        # traceback should be in the log by then.
         try:
-            write_error_report(path, exc_type, exc, tb)
-        finally:
             previous(exc_type, exc, tb)
+        finally:
+            sys.stderr.flush()
+            write_error_report(path, exc_type, exc, tb)
     return hook
 
 

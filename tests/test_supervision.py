@@ -56,9 +56,10 @@ def test_failing_rank_is_the_root_cause(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "fail-job", "--fail-rank", "1", "--sleep-after-init", "3600")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
-    assert "failed: rank 1 on" in err and "exited with code 1" in err
+    assert "failed: rank 1 on" in err and "raised ValueError" in err
     assert "ValueError: boom on rank 1" in err
     assert "last lines of" in err and "rank_1.log" in err
+    assert "    | ValueError: boom on rank 1" in err, "the traceback reached the log first"
     assert_no_job_processes("fail-job")
 
 
@@ -107,7 +108,9 @@ def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
     seen = tuple(job_pids("orphan-job"))
     proc.kill()
     proc.communicate(timeout=60)
-    wait_for(lambda: not job_pids("orphan-job"), "ranks to follow their dead launcher", 60)
+    gone = lambda: not job_pids("orphan-job") and not [p for p in seen if psutil.pid_exists(p)
+                                                       and psutil.Process(p).status() != "zombie"]
+    wait_for(gone, "ranks to follow their dead launcher", 60)
     assert_no_job_processes("orphan-job", seen)
 
 
