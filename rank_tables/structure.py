@@ -35,7 +35,12 @@ Check = Callable[[Any, JsonPath, list], None]
 """``check(value, path, faults)`` appends a ``Fault`` to ``faults`` for each problem found."""
 
 _ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "$defs"})
-_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,)}
+_BY_TYPE = {
+    "string": frozenset({"pattern", "minLength", "maxLength"}),
+    "object": frozenset({"required", "properties"}),
+    "array": frozenset({"items", "minItems", "maxItems"}),
+}
+_KEYWORDS = frozenset({"type", "const", "$ref"}).union(*_BY_TYPE.values())
 _TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string"}
 
 
@@ -49,6 +54,10 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
 
 
 class _Compiler:
+    """Compiles each schema into one closure per part (``$ref``, ``const``, the typed keywords);
+    a typed schema checks its type once and then all of its keywords, which keeps a rank's
+    check to a handful of calls."""
+
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
         self.title = str(root.get("title", "this format"))
@@ -59,10 +68,14 @@ class _Compiler:
             return _nothing
         if schema is False:
             return _forbidden(self.title)
-        unknown = set(schema) - _ANNOTATIONS - set(_KEYWORDS)
-        if unknown:
-            raise SchemaCompileError(f"unsupported JSON Schema keywords: {sorted(unknown)}")
-        checks = [_KEYWORDS[key](self, schema[key], schema) for key in _KEYWORDS if key in schema]
+        _check_supported(schema)
+        checks = []
+        if "$ref" in schema:
+            checks.append(self.ref(schema["$ref"]))
+        if "const" in schema:
+            checks.append(_const(schema["const"]))
+        if "type" in schema:
+            checks.append(_TYPED[schema["type"]](self, schema))
         return _all_of(checks)
 
     def ref(self, target: str) -> Check:
@@ -78,6 +91,18 @@ class _Compiler:
         return lambda value, path, faults: self.refs[name](value, path, faults)
 
 
+def _check_supported(schema: Mapping[str, Any]) -> None:
+    unknown = set(schema) - _ANNOTATIONS - _KEYWORDS
+    if unknown:
+        raise SchemaCompileError(f"unsupported JSON Schema keywords: {sorted(unknown)}")
+    kind = schema.get("type")
+    if kind is not None and kind not in _BY_TYPE:
+        raise SchemaCompileError(f"unsupported type {kind!r}")
+    for name, keywords in _BY_TYPE.items():
+        if keywords & schema.keys() and kind != name:
+            raise SchemaCompileError(f"{sorted(keywords & schema.keys())} need \"type\": \"{name}\" beside them")
+
+
 def _nothing(value: Any, path: JsonPath, faults: list) -> None:
     return None
 
@@ -89,6 +114,8 @@ def _forbidden(title: str) -> Check:
 
 
 def _all_of(checks: list[Check]) -> Check:
+    if not checks:
+        return _nothing
     if len(checks) == 1:
         return checks[0]
 
@@ -98,116 +125,83 @@ def _all_of(checks: list[Check]) -> Check:
     return check
 
 
-def _type(compiler: _Compiler, name: str, schema: Mapping[str, Any]) -> Check:
-    if name not in _TYPES:
-        raise SchemaCompileError(f"unsupported type {name!r}")
-    accepted = _TYPES[name]
-
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if not isinstance(value, accepted):
-            faults.append(Fault(path, "type", f"must be {_TYPE_NAMES[name]}{_hint(name, value)}, got {describe(value)}"))
-    return check
-
-
-def _hint(name: str, value: Any) -> str:
-    if name == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f" ({json.dumps(str(value))})"
-    return ""
-
-
-def _required(compiler: _Compiler, names: list[str], schema: Mapping[str, Any]) -> Check:
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, dict):
-            for name in names:
-                if name not in value:
-                    faults.append(Fault(path + (name,), "required", "required field is missing"))
-    return check
-
-
-def _properties(compiler: _Compiler, props: Mapping[str, Any], schema: Mapping[str, Any]) -> Check:
-    compiled = {name: compiler.compile(sub) for name, sub in props.items()}
-
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, dict):
-            for name, item in value.items():
-                sub = compiled.get(name)
-                if sub is not None:
-                    sub(item, path + (name,), faults)
-    return check
-
-
-def _items(compiler: _Compiler, item_schema: Any, schema: Mapping[str, Any]) -> Check:
-    sub = compiler.compile(item_schema)
-
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, list):
-            for index, item in enumerate(value):
-                sub(item, path + (index,), faults)
-    return check
-
-
-def _const(compiler: _Compiler, expected: Any, schema: Mapping[str, Any]) -> Check:
+def _const(expected: Any) -> Check:
     def check(value: Any, path: JsonPath, faults: list) -> None:
         if type(value) is not type(expected) or value != expected:
             faults.append(Fault(path, "const", f"must be {json.dumps(expected)}, got {describe(value)}"))
     return check
 
 
-def _pattern(compiler: _Compiler, pattern: str, schema: Mapping[str, Any]) -> Check:
-    regex = re.compile(pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern)
+def _type_fault(name: str, value: Any, path: JsonPath) -> Fault:
+    hint = ""
+    if name == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        hint = f" ({json.dumps(str(value))})"
+    return Fault(path, "type", f"must be {_TYPE_NAMES[name]}{hint}, got {describe(value)}")
+
+
+def _string(compiler: _Compiler, schema: Mapping[str, Any]) -> Check:
+    pattern = schema.get("pattern")
+    regex = None if pattern is None else re.compile(_ecma_end(pattern))
     wanted = schema.get("description") or f"text matching {pattern}"
+    shortest, longest = schema.get("minLength"), schema.get("maxLength")
 
     def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, str) and regex.search(value) is None:
+        if not isinstance(value, str):
+            faults.append(_type_fault("string", value, path))
+            return
+        if regex is not None and regex.search(value) is None:
             faults.append(Fault(path, "pattern", f"must be {wanted}, got {describe(value)}"))
+        if shortest is not None and len(value) < shortest:
+            message = "must not be empty" if shortest == 1 else f"must be at least {shortest} characters"
+            faults.append(Fault(path, "minLength", message))
+        if longest is not None and len(value) > longest:
+            faults.append(Fault(path, "maxLength", f"must be at most {longest} characters, got {len(value)}"))
     return check
 
 
-def _min_length(compiler: _Compiler, limit: int, schema: Mapping[str, Any]) -> Check:
+def _ecma_end(pattern: str) -> str:
+    """A final ``$`` as ECMA-262 means it: end of text, no trailing newline allowed."""
+    return pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
+
+
+def _object(compiler: _Compiler, schema: Mapping[str, Any]) -> Check:
+    required = tuple(schema.get("required", ()))
+    properties = {name: compiler.compile(sub) for name, sub in schema.get("properties", {}).items()}
+
     def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, str) and len(value) < limit:
-            faults.append(Fault(path, "minLength", "must not be empty" if limit == 1 else f"must be at least {limit} characters"))
+        if not isinstance(value, dict):
+            faults.append(_type_fault("object", value, path))
+            return
+        for name in required:
+            if name not in value:
+                faults.append(Fault(path + (name,), "required", "required field is missing"))
+        for name, item in value.items():
+            sub = properties.get(name)
+            if sub is not None:
+                sub(item, path + (name,), faults)
     return check
 
 
-def _max_length(compiler: _Compiler, limit: int, schema: Mapping[str, Any]) -> Check:
+def _array(compiler: _Compiler, schema: Mapping[str, Any]) -> Check:
+    item_check = compiler.compile(schema.get("items", True))
+    fewest, most = schema.get("minItems"), schema.get("maxItems")
+
     def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, str) and len(value) > limit:
-            faults.append(Fault(path, "maxLength", f"must be at most {limit} characters, got {len(value)}"))
+        if not isinstance(value, list):
+            faults.append(_type_fault("array", value, path))
+            return
+        if fewest is not None and len(value) < fewest:
+            message = "must not be empty" if fewest == 1 else f"must list at least {fewest} items"
+            faults.append(Fault(path, "minItems", message))
+        if most is not None and len(value) > most:
+            faults.append(Fault(path, "maxItems", f"lists {len(value)} items, at most {most} are allowed"))
+        for index, item in enumerate(value):
+            item_check(item, path + (index,), faults)
     return check
 
 
-def _min_items(compiler: _Compiler, limit: int, schema: Mapping[str, Any]) -> Check:
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, list) and len(value) < limit:
-            faults.append(Fault(path, "minItems", "must not be empty" if limit == 1 else f"must list at least {limit} items"))
-    return check
-
-
-def _max_items(compiler: _Compiler, limit: int, schema: Mapping[str, Any]) -> Check:
-    def check(value: Any, path: JsonPath, faults: list) -> None:
-        if isinstance(value, list) and len(value) > limit:
-            faults.append(Fault(path, "maxItems", f"lists {len(value)} items, at most {limit} are allowed"))
-    return check
-
-
-def _dollar_ref(compiler: _Compiler, target: str, schema: Mapping[str, Any]) -> Check:
-    return compiler.ref(target)
-
-
-_KEYWORDS: dict[str, Callable[[_Compiler, Any, Mapping[str, Any]], Check]] = {
-    "type": _type,
-    "const": _const,
-    "required": _required,
-    "properties": _properties,
-    "items": _items,
-    "pattern": _pattern,
-    "minLength": _min_length,
-    "maxLength": _max_length,
-    "minItems": _min_items,
-    "maxItems": _max_items,
-    "$ref": _dollar_ref,
-}
+_TYPED: dict[str, Callable[[_Compiler, Mapping[str, Any]], Check]] = {
+    "string": _string, "object": _object, "array": _array}
 
 
 def describe(value: Any) -> str:

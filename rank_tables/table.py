@@ -20,8 +20,11 @@ Extra = tuple[tuple[str, Any], ...]
 
 _DEVICE_KEYS = ("device_id", "super_device_id", "device_ip", "device_port", "backup_device_ip",
                 "backup_device_port", "host_port", "rank_id")
+_DEVICE_KEY_SET = frozenset(_DEVICE_KEYS)
 _SERVER_KEYS = ("server_id", "host_ip", "device", "host_nic_ip")
 _TABLE_KEYS = ("version", "server_count", "server_list", "super_pod_list", "status")
+_SERVER_KEY_SET = frozenset(_SERVER_KEYS)
+_TABLE_KEY_SET = frozenset(_TABLE_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +53,21 @@ class DeviceEntry:
             backup_device_ip=doc.get("backup_device_ip"),
             backup_device_port=_optional_int(doc.get("backup_device_port")),
             host_port=_optional_int(doc.get("host_port")),
-            extra=_extra(doc, _DEVICE_KEYS),
+            extra=_extra(doc, _DEVICE_KEY_SET),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object, every value a string, fields absent when ``None``."""
-        values = {key: getattr(self, key) for key in _DEVICE_KEYS}
-        return _strings(values) | dict(self.extra)
+        # Attribute reads in a tuple, not getattr per key: this runs once per rank (16k times).
+        values = (self.device_id, self.super_device_id, self.device_ip, self.device_port, self.backup_device_ip,
+                  self.backup_device_port, self.host_port, self.rank_id)
+        doc = {k: v if type(v) is str else str(v) for k, v in zip(_DEVICE_KEYS, values) if v is not None}
+        return doc | dict(self.extra) if self.extra else doc
+
+    def with_rank(self, rank_id: int) -> "DeviceEntry":
+        """The same device as rank ``rank_id`` (``dataclasses.replace`` is 5x slower per rank)."""
+        return DeviceEntry(self.device_id, self.device_ip, rank_id, self.device_port, self.super_device_id,
+                           self.backup_device_ip, self.backup_device_port, self.host_port, self.extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +88,7 @@ class ServerEntry:
             devices=tuple(DeviceEntry.from_json(d) for d in doc["device"]),
             host_ip=doc.get("host_ip"),
             host_nic_ip=doc.get("host_nic_ip"),
-            extra=_extra(doc, _SERVER_KEYS),
+            extra=_extra(doc, _SERVER_KEY_SET),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -115,7 +126,7 @@ class RankTable:
         pods = tuple(SuperPod(p["super_pod_id"], tuple(s["server_id"] for s in p["server_list"]))
                      for p in doc.get("super_pod_list", ()))
         return cls(version=doc["version"], servers=tuple(ServerEntry.from_json(s) for s in doc["server_list"]),
-                   super_pods=pods, status=doc["status"], extra=_extra(doc, _TABLE_KEYS))
+                   super_pods=pods, status=doc["status"], extra=_extra(doc, _TABLE_KEY_SET))
 
     @property
     def rank_count(self) -> int:
@@ -177,6 +188,14 @@ def parse_rank_table(doc: Any, name: str) -> RankTable:
     return RankTable.from_json(doc)
 
 
+def check_table(table: RankTable, name: str) -> RankTable:
+    """``table`` itself if its JSON is valid, else ``RankTableError`` (for tables built in code)."""
+    problems = validate(table.to_json())
+    if problems:
+        raise RankTableError(describe_problems(name, problems))
+    return table
+
+
 def describe_problems(name: str, problems: list[Problem]) -> str:
     """One line per problem, each ``name: JSON.path: message``."""
     return "\n".join(f"{name}: {p}" for p in problems)
@@ -186,7 +205,9 @@ def _optional_int(value: Optional[str]) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _extra(doc: dict[str, Any], known: tuple[str, ...]) -> Extra:
+def _extra(doc: dict[str, Any], known: frozenset[str]) -> Extra:
+    if doc.keys() <= known:
+        return ()
     return tuple((k, v) for k, v in doc.items() if k not in known)
 
 

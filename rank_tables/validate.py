@@ -24,7 +24,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from rank_tables.structure import Check, JsonPath, compile_schema, format_path
 
@@ -80,8 +80,8 @@ def _version_of(doc: Any) -> str:
     return version if version in VERSIONS else VERSIONS[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Device:
+class _Device(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: one is built per rank and this is 3x cheaper.
     path: JsonPath
     server: int
     fields: dict

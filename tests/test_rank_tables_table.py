@@ -116,3 +116,13 @@ def test_a_table_built_in_code_can_be_checked_through_its_json() -> None:
     server = ServerEntry("h", (DeviceEntry(0, "10.0.0.1", 0), DeviceEntry(1, "10.0.0.1", 1)))
     with pytest.raises(RankTableError, match=r"^built: server_list\[0\].device\[1\].device_ip: 10.0.0.1 is already"):
         parse_rank_table(RankTable("1.0", (server,)).to_json(), "built")
+
+
+def test_with_rank_changes_only_the_rank() -> None:
+    import dataclasses
+    device = DeviceEntry(3, "10.0.0.3", 7, device_port=1, super_device_id=2, backup_device_ip="10.0.0.4",
+                         backup_device_port=5, host_port=6, extra=(("device_logical_id", "3"),))
+    assert device.with_rank(9) == dataclasses.replace(device, rank_id=9)
+    assert {f.name for f in dataclasses.fields(DeviceEntry)} == {
+        "device_id", "device_ip", "rank_id", "device_port", "super_device_id", "backup_device_ip",
+        "backup_device_port", "host_port", "extra"}, "a new field must be carried by with_rank and to_json"

@@ -219,6 +219,10 @@ def _described(doc: Any) -> str:
 def test_the_compiler_refuses_keywords_it_does_not_implement() -> None:
     with pytest.raises(SchemaCompileError, match="oneOf"):
         compile_schema({"oneOf": [{"type": "string"}]})
+    with pytest.raises(SchemaCompileError, match=r"\['pattern'\] need \"type\": \"string\""):
+        compile_schema({"pattern": "^a$"})
+    with pytest.raises(SchemaCompileError, match="unsupported type 'integer'"):
+        compile_schema({"type": "integer"})
     with pytest.raises(SchemaCompileError, match="only local"):
         compile_schema({"$ref": "https://example.invalid/x.json"})
 
