@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Optional
 
 from launcher.errors import ConfigError
 from rank_tables.ascend import AscendHost, DeviceIp
-from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod, parse_rank_table
+from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod, check_table
 from rank_tables.validate import HOST_NIC_RESERVED, MAX_DEVICE_ID, MAX_PORT, VERSIONS
 
 _HALF_OPEN = re.compile(r"\[\s*([0-9]+)\s*,\s*([0-9]+)\s*\)")
@@ -131,8 +131,7 @@ def generate_server(config: GenerateConfig, host: AscendHost) -> GeneratedServer
     server = ServerEntry(server_id=config.server_id, devices=devices, host_ip=config.host_ip,
                          host_nic_ip=HOST_NIC_RESERVED if config.version == "1.0" else None)
     table = RankTable(version=config.version, servers=(server,), super_pods=_super_pods(config, pods))
-    checked = parse_rank_table(table.to_json(), f"generated table for {config.server_id}")
-    return GeneratedServer(checked, logical, ips)
+    return GeneratedServer(check_table(table, f"generated table for {config.server_id}"), logical, ips)
 
 
 def _chosen_devices(config: GenerateConfig, present: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
