@@ -95,15 +95,23 @@ class _TableView:
     servers: tuple[tuple[int, dict], ...]
     devices: tuple[_Device, ...]
 
+    device_count: int
+    """Entries in all device lists, objects or not."""
+
     @classmethod
     def of(cls, doc: dict) -> "_TableView":
         servers = tuple((i, s) for i, s in enumerate(doc["server_list"]) if isinstance(s, dict))
-        devices = tuple(
-            _Device(("server_list", i, "device", j), i, d)
-            for i, server in servers if isinstance(server.get("device"), list)
-            for j, d in enumerate(server["device"]) if isinstance(d, dict)
-        )
-        return cls(doc, servers, devices)
+        lists = [(i, server["device"]) for i, server in servers if isinstance(server.get("device"), list)]
+        devices = tuple(_Device(("server_list", i, "device", j), i, d)
+                        for i, listed in lists for j, d in enumerate(listed) if isinstance(d, dict))
+        return cls(doc, servers, devices, sum(len(listed) for _, listed in lists))
+
+    @property
+    def complete(self) -> bool:
+        """Every server is an object with a device list, and every device is an object."""
+        servers_ok = len(self.servers) == len(self.doc["server_list"])
+        lists_ok = all(isinstance(s.get("device"), list) for _, s in self.servers)
+        return servers_ok and lists_ok and len(self.devices) == self.device_count
 
     @property
     def version(self) -> Any:
@@ -163,22 +171,23 @@ def _check_device_ids(view: _TableView) -> Iterator[Problem]:
 
 
 def _check_ranks(view: _TableView) -> Iterator[Problem]:
-    total = len(view.devices)
+    total = view.device_count
     owner: dict[int, JsonPath] = {}
-    faults = []
+    problems, unreadable = [], not view.complete
     for device in view.devices:
         rank = _number(device.fields.get("rank_id"))
         path = device.path + ("rank_id",)
         if rank is None:
-            faults.append(None)
+            unreadable = True
         elif rank >= total:
-            faults.append(_problem(path, f"rank {rank} is out of range 0-{total - 1} ({total} devices in the table)"))
+            problems.append(_problem(path, f"rank {rank} is out of range 0-{total - 1} ({total} devices in the table)"))
         elif rank in owner:
-            faults.append(_problem(path, f"rank {rank} is already {format_path(owner[rank])}"))
+            problems.append(_problem(path, f"rank {rank} is already {format_path(owner[rank])}"))
         else:
             owner[rank] = device.path
-    yield from (f for f in faults if f is not None)
-    if not faults:
+    yield from problems
+    # Order is judged only on a complete set of ranks; otherwise it would repeat the faults above.
+    if not problems and not unreadable:
         yield from _check_rank_order(view)
 
 

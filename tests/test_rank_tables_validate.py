@@ -91,6 +91,8 @@ CASES = {
     "object without the required fields": (v10, lambda doc: doc.clear() or doc.update(x=1), {
         "version": "required field is missing", "server_list": "required", "status": "required",
         "server_count": "required"}),
+    "device not an object (and nothing else said about it)": (v10, set_("server_list[0].device[2]", 5), {
+        "server_list[0].device[2]": "must be an object, got the number 5"}),
     "missing required field": (v10, drop("server_list[1].device[3].rank_id"), {
         "server_list[1].device[3].rank_id": "required field is missing"}),
     "int where a string belongs (merge_hccl.py)": (v10, set_("server_list[1].device[3].rank_id", 11), {
