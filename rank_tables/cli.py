@@ -38,7 +38,7 @@ def rank_table() -> None:
 @click.option("--format", "version", type=click.Choice(["1.0", "1.2"]), default="1.0", show_default=True,
               help="1.0: Ascend 910 / Atlas A2. 1.2: Atlas A3 SuperPoD.")
 @click.option("--device-ip", "device_ips", multiple=True, metavar="N=IP",
-              help="Device N's NIC address by hand (wins over hccn_tool and hccn.conf). Repeatable.")
+              help="Physical device N's NIC address by hand (wins over hccn_tool and hccn.conf). Repeatable.")
 @click.option("--hccn-conf", type=click.Path(path_type=Path), default=DEFAULT_HCCN_CONF, show_default=True,
               help="Read when hccn_tool gives no address.")
 @click.option("--device-port", type=int, help="device_port of every device.")
@@ -46,8 +46,9 @@ def rank_table() -> None:
 @click.option("--host-ip", help="host_ip of the server.")
 @click.option("--super-pod-id", help="1.2: the super pod id. [default: from npu-smi]")
 @click.option("--super-device-id", "super_device_ids", multiple=True, metavar="N=SDID",
-              help="1.2: device N's super_device_id. [default: from npu-smi]")
-@click.option("--backup-device-ip", "backup_ips", multiple=True, metavar="N=IP", help="1.2: device N's backup IP.")
+              help="1.2: physical device N's super_device_id. [default: from npu-smi]")
+@click.option("--backup-device-ip", "backup_ips", multiple=True, metavar="N=IP",
+              help="1.2: physical device N's backup IP.")
 @click.option("--backup-device-port", type=int, help="1.2: backup_device_port of every device.")
 @click.option("--devfs", type=click.Path(path_type=Path), envvar=DEVFS_ENV, default=DEFAULT_DEVFS,
               show_default=True, help=f"Where the davinciN device nodes are (env {DEVFS_ENV}).")
