@@ -157,7 +157,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 
 
 def atomic_save(path: PathLike, write: Callable[[Path], None]) -> None:
-    """Have ``write(tmp)`` create the file at a temporary path, then move it to ``path`` atomically."""
+    """Have ``write(tmp)`` create a temporary file, then move it atomically to ``path``."""
     path = Path(path)
     tmp = _temp_name(path)
     try:
@@ -310,7 +310,7 @@ def _rank_files(directory: Path, world_size: int) -> Optional[list[RankFile]]:
 
 
 def read_manifest(ckpt_dir: PathLike, step: int) -> Optional[Manifest]:
-    """``step``'s manifest, or ``None`` when the step is not complete (or its manifest is unreadable)."""
+    """``step``'s manifest; ``None`` when the step is incomplete or its manifest unreadable."""
     path = step_dir(ckpt_dir, step) / MANIFEST
     try:
         return Manifest.from_json(path.read_text())
@@ -391,8 +391,12 @@ def check_replicas(digests: Sequence[bytes], step: int) -> None:
     if not odd:
         return
     majority = len(agreeing) > len(digests) / 2
-    reference = "the majority" if majority else f"rank {agreeing[0]}'s group (no majority)"
+    reference = "the majority" if majority else "the largest group (no majority)"
     raise ReplicaMismatchError(
-        f"data-parallel replicas differ at step {step}: trainable parameters of rank(s) "
-        f"{', '.join(map(str, odd))} differ from {reference} (ranks "
-        f"{', '.join(map(str, agreeing))}); were the ranks started with one seed?")
+        f"data-parallel replicas differ at step {step}: the trainable parameters of rank(s) "
+        f"{_ranks(odd)} disagree with {reference}, rank(s) {_ranks(agreeing)}; "
+        "were the ranks started with one seed?")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks))

@@ -1,0 +1,781 @@
+"""The shared trainer: mixed precision, loss scaling, accumulation, clipping, checkpoints, events.
+
+One code path for CPU and Ascend: the step is a ``Cell`` whose ``construct`` runs
+``value_and_grad``, the (data-parallel) gradient all-reduce, ``amp.all_finite`` and the optimizer,
+with MindSpore's functional loss scalers. ``Model`` with a loss-scale manager and
+``TrainOneStepWithLossScaleCell`` do not run on CPU; a bare ``@ms.jit`` function was 1.5-4x
+slower than a compiled ``Cell``.
+
+::
+
+    info = parallel.init()
+    trainer = Trainer(net, loss_fn, optimizer, train_ds, eval_ds=eval_ds, amp_level="O1",
+                      loss_scale="dynamic", ckpt_dir="ckpt", resume="auto", info=info)
+    result = trainer.fit(epochs=10)
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol, Sequence, Union
+
+import mindspore as ms
+import numpy as np
+from mindspore import amp as ms_amp
+from mindspore import nn, ops
+
+from launcher import contract
+from parallel import amp, checkpoint, events
+
+log = logging.getLogger(__name__)
+
+
+class TrainerError(ValueError):
+    """A trainer option, or combination of options, that cannot work."""
+
+
+class ResumeMode(str, enum.Enum):
+    """``auto`` continues from the newest complete checkpoint in ``ckpt_dir`` (if any)."""
+
+    AUTO = "auto"
+    NEVER = "never"
+
+
+class Signal(enum.Enum):
+    """What a callback asks for; returning ``None`` means continue."""
+
+    CONTINUE = "continue"
+    STOP = "stop"
+
+
+class RankLike(Protocol):
+    """Anything saying who this rank is (``parallel.setup.RankInfo``, ``RankIdentity``)."""
+
+    rank: int
+    world_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SimpleRank:
+    """A rank identity made by hand."""
+
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """Everything about how :class:`Trainer` trains, validated on construction.
+
+    ``loss_scale`` ``None`` means dynamic for O1-O3 and none for O0. ``skip_nonfinite`` skips an
+    update whose gradients hold inf/nan even without loss scaling (with scaling it always does).
+    Steps count optimizer updates; ``ckpt_every_steps`` and ``ckpt_every_epochs`` may both be set.
+    """
+
+    amp_level: amp.AmpLevel = amp.AmpLevel.O0
+    amp_dtype: amp.AmpDtype = amp.AmpDtype.FLOAT16
+    loss_scale: Union[amp.LossScaleConfig, amp.LossScaleMode, str, None] = None
+    skip_nonfinite: bool = True
+    grad_accumulation: int = 1
+    clip_grad_norm: Optional[float] = None
+    log_every: int = 10
+    eval_every_epochs: int = 1
+    ckpt_dir: Optional[Union[str, Path]] = None
+    ckpt_every_steps: Optional[int] = None
+    ckpt_every_epochs: Optional[int] = 1
+    keep_last: int = 3
+    resume: ResumeMode = ResumeMode.NEVER
+    verify_checksums: bool = True
+
+    def __post_init__(self) -> None:
+        level = amp.parse_level(self.amp_level)
+        object.__setattr__(self, "amp_level", level)
+        object.__setattr__(self, "amp_dtype", amp.parse_dtype(self.amp_dtype))
+        object.__setattr__(self, "loss_scale", amp.LossScaleConfig.of(self.loss_scale, level))
+        object.__setattr__(self, "resume", _parse_resume(self.resume))
+        self._check_counts()
+        if self.resume is ResumeMode.AUTO and self.ckpt_dir is None:
+            raise TrainerError("resume='auto' needs a ckpt_dir")
+
+    def _check_counts(self) -> None:
+        positive = {"grad_accumulation": self.grad_accumulation, "log_every": self.log_every,
+                    "eval_every_epochs": self.eval_every_epochs, "keep_last": self.keep_last,
+                    "ckpt_every_steps": self.ckpt_every_steps or 1,
+                    "ckpt_every_epochs": self.ckpt_every_epochs or 1}
+        bad = [f"{name}={value}" for name, value in positive.items() if value < 1]
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            bad.append(f"clip_grad_norm={self.clip_grad_norm}")
+        if bad:
+            raise TrainerError(f"trainer options must be positive: {', '.join(bad)}")
+
+    @property
+    def checks_finite(self) -> bool:
+        """Whether each update checks its gradients and skips non-finite ones."""
+        return self.skip_nonfinite or self.loss_scale.mode is not amp.LossScaleMode.NONE
+
+
+def _parse_resume(value: Union[ResumeMode, str, None]) -> ResumeMode:
+    try:
+        return ResumeMode(value or ResumeMode.NEVER)
+    except ValueError:
+        raise TrainerError(f"resume must be auto|never, got {value!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """Passed to :meth:`Callback.on_step_end` after every optimizer step."""
+
+    global_step: int
+    epoch: int
+    batch_in_epoch: int
+    loss: Any
+    """The step's loss as a MindSpore tensor; ``float(info.loss.asnumpy())`` waits for it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Evaluation over the whole eval dataset (every rank's shard in data parallel)."""
+
+    loss: float
+    accuracy: Optional[float]
+    samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochInfo:
+    """Passed to :meth:`Callback.on_epoch_end`."""
+
+    epoch: int
+    global_step: int
+    train_loss: float
+    eval: Optional[EvalResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What :meth:`Trainer.fit` returns.
+
+    ``samples_per_s`` is this rank's steady-state training throughput (without the first step,
+    which compiles, and without evaluation and checkpoint time); ``global_samples_per_s`` is it
+    times the world size. ``final_loss`` is the mean training loss of the last (partial) epoch.
+    """
+
+    steps: int
+    steps_run: int
+    epochs: int
+    final_loss: float
+    eval: Optional[EvalResult]
+    samples_per_s: float
+    global_samples_per_s: float
+    skipped_steps: int
+    loss_scale: float
+    resumed_from: Optional[int]
+    stopped_early: bool
+    last_checkpoint: Optional[str]
+
+    @property
+    def accuracy(self) -> Optional[float]:
+        """The last evaluation's accuracy, if there was one."""
+        return self.eval.accuracy if self.eval else None
+
+
+class Callback:
+    """Hooks into :meth:`Trainer.fit`; override what you need. Returning ``Signal.STOP`` from a
+    step or epoch hook ends training after that step (a checkpoint is saved if configured)."""
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Before the first step."""
+
+    def on_step_end(self, info: StepInfo) -> Optional[Signal]:
+        """After every optimizer step."""
+        return None
+
+    def on_epoch_end(self, info: EpochInfo) -> Optional[Signal]:
+        """After every epoch, once evaluated."""
+        return None
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        """After this rank's checkpoint of ``step`` is in place."""
+
+    def on_fit_end(self, result: FitResult) -> None:
+        """After the last step."""
+
+
+# The compiled cells -------------------------------------------------------------------------------
+
+class _NetWithLoss(nn.Cell):
+    """``loss_fn(network(*inputs), label)`` for a batch ``(*inputs, label)``."""
+
+    def __init__(self, network: nn.Cell, loss_fn: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.loss_fn = loss_fn
+
+    def construct(self, *batch: Any) -> Any:
+        return self.loss_fn(self.network(*batch[:-1]), batch[-1])
+
+
+class _ScaledLoss(nn.Cell):
+    """The loss times the loss scale: what the backward pass differentiates."""
+
+    def __init__(self, net_with_loss: nn.Cell, scaler: Any) -> None:
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = net_with_loss
+        self.scaler = scaler
+        self.scaled = scaler is not None
+
+    def construct(self, *batch: Any) -> Any:
+        loss = self.net_with_loss(*batch)
+        if self.scaled:
+            loss = self.scaler.scale(loss)
+        return loss
+
+
+class _Update(nn.Cell):
+    """The common tail of a step: all-reduce, unscale, finiteness, clipping, update, rescale."""
+
+    def __init__(self, optimizer: nn.Optimizer, scaler: Any, options: TrainOptions,
+                 reduce_degree: int) -> None:
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.scaler = scaler
+        self.scaled = scaler is not None
+        self.check_finite = options.checks_finite
+        self.clip = options.clip_grad_norm is not None
+        self.clip_norm = float(options.clip_grad_norm or 1.0)
+        self.reduce = reduce_degree > 1
+        self.reducer = (nn.DistributedGradReducer(self.weights, True, reduce_degree)
+                        if self.reduce else nn.Identity())
+
+    def unscale_loss(self, loss: Any) -> Any:
+        if self.scaled:
+            loss = self.scaler.unscale(loss)
+        return loss
+
+    def update(self, grads: Any) -> Any:
+        if self.reduce:
+            grads = self.reducer(grads)
+        if self.scaled:
+            grads = self.scaler.unscale(grads)
+        finite = True
+        if self.check_finite:
+            finite = ms_amp.all_finite(grads)
+        if self.clip:
+            grads = ops.clip_by_global_norm(grads, self.clip_norm)
+        if finite:
+            self.optimizer(grads)
+        if self.scaled:
+            self.scaler.adjust(finite)
+        return finite
+
+
+class _TrainStep(_Update):
+    """One batch, one update."""
+
+    def __init__(self, scaled_loss: nn.Cell, optimizer: nn.Optimizer, scaler: Any,
+                 options: TrainOptions, reduce_degree: int) -> None:
+        super().__init__(optimizer, scaler, options, reduce_degree)
+        self.scaled_loss = scaled_loss
+        self.grad_fn = ms.value_and_grad(scaled_loss, None, self.weights)
+
+    def construct(self, *batch: Any) -> Any:
+        loss, grads = self.grad_fn(*batch)
+        return self.unscale_loss(loss), self.update(grads)
+
+
+class _Accumulators:
+    """Buffers the accumulate and apply steps share: one per weight, plus the loss sum."""
+
+    def __init__(self, weights: Any) -> None:
+        self.grads = weights.clone(prefix="npu_launch_accum", init="zeros")
+        self.loss = ms.Parameter(ms.Tensor(0.0, ms.float32), name="npu_launch_accum_loss",
+                                 requires_grad=False)
+
+
+class _AccumulateStep(nn.Cell):
+    """Adds one micro-batch's (scaled) gradients and loss to the accumulators."""
+
+    def __init__(self, scaled_loss: nn.Cell, weights: Any, buffers: _Accumulators) -> None:
+        super().__init__(auto_prefix=False)
+        self.scaled_loss = scaled_loss
+        self.grad_fn = ms.value_and_grad(scaled_loss, None, weights)
+        self.grads = buffers.grads
+        self.loss = buffers.loss
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, *batch: Any) -> Any:
+        loss, grads = self.grad_fn(*batch)
+        self.hyper_map(ops.assign_add, self.grads, grads)
+        ops.assign_add(self.loss, loss)
+        return loss
+
+
+class _ApplyAccumulated(_Update):
+    """Averages the accumulators over the window, updates, and zeroes them."""
+
+    def __init__(self, optimizer: nn.Optimizer, scaler: Any, options: TrainOptions,
+                 reduce_degree: int, buffers: _Accumulators) -> None:
+        super().__init__(optimizer, scaler, options, reduce_degree)
+        self.grads = buffers.grads
+        self.loss = buffers.loss
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, inv_count: Any) -> Any:
+        grads = self.hyper_map(ops.partial(ops.mul, inv_count), self.grads)
+        loss = self.unscale_loss(self.loss * inv_count)
+        finite = self.update(grads)
+        self.hyper_map(ops.assign, self.grads, self.hyper_map(ops.zeros_like, self.grads))
+        ops.assign(self.loss, ops.zeros_like(self.loss))
+        return loss, finite
+
+
+class _EvalStep(nn.Cell):
+    """Forward only: ``(loss, logits)``."""
+
+    def __init__(self, network: nn.Cell, loss_fn: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.loss_fn = loss_fn
+
+    def construct(self, *batch: Any) -> Any:
+        logits = self.network(*batch[:-1])
+        return self.loss_fn(logits, batch[-1]), logits
+
+
+class _RowGather(nn.Cell):
+    """AllGather of one small float32 row per rank over the world group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all_gather = ops.AllGather()
+
+    def construct(self, row: Any) -> Any:
+        return self.all_gather(row)
+
+
+# Throughput --------------------------------------------------------------------------------------
+
+class _Meter:
+    """Samples per second of training, from the end of the first step on, minus pauses."""
+
+    def __init__(self) -> None:
+        self.started: Optional[float] = None
+        self.paused = 0.0
+        self.samples = 0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def add(self, samples: int) -> None:
+        if self.started is not None:
+            self.samples += samples
+
+    def pause_since(self, since: float) -> None:
+        if self.started is not None:
+            self.paused += time.perf_counter() - since
+
+    def rate(self) -> float:
+        if self.started is None or self.samples == 0:
+            return 0.0
+        return self.samples / max(time.perf_counter() - self.started - self.paused, 1e-9)
+
+
+@dataclasses.dataclass
+class _Run:
+    """Mutable bookkeeping of one :meth:`Trainer.fit` call."""
+
+    meter: _Meter
+    steps_run: int = 0
+    epoch_losses: list = dataclasses.field(default_factory=list)
+    last_epoch_loss: float = float("nan")
+    pending_finite: list = dataclasses.field(default_factory=list)
+    skipped: int = 0
+    stop: bool = False
+    eval: Optional[EvalResult] = None
+    last_loss: Any = None
+
+
+# The trainer -------------------------------------------------------------------------------------
+
+class Trainer:
+    """Trains ``network`` with ``loss_fn`` and ``optimizer`` on ``train_ds`` (a MindSpore dataset
+    whose rows are ``(*inputs, label)``), evaluating on ``eval_ds``.
+
+    Options are a :class:`TrainOptions` (``options=``) and/or its fields as keywords. ``info`` is
+    this rank (anything with ``rank`` and ``world_size``, such as ``parallel.init()``'s result);
+    without it the rank is read from the environment. With world size 1 nothing communicates.
+    """
+
+    def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, train_ds: Any,
+                 eval_ds: Any = None, *, info: Optional[RankLike] = None,
+                 callbacks: Sequence[Callback] = (), options: Optional[TrainOptions] = None,
+                 **overrides: Any) -> None:
+        self.options = dataclasses.replace(options or TrainOptions(), **overrides)
+        self.rank, self.world_size = _rank_of(info)
+        self.network, self.loss_fn, self.optimizer = network, loss_fn, optimizer
+        self.train_ds, self.eval_ds = train_ds, eval_ds
+        self.callbacks = tuple(callbacks)
+        self.batches_per_epoch = _batches_per_epoch(train_ds)
+        self.data_parallel = self.world_size > 1 and _parallel_mode() in _DATA_PARALLEL_MODES
+        _warn_about_context(self.world_size)
+        self.amp_network = self._apply_amp()
+        self.scaler = amp.make_scaler(self.options.loss_scale)
+        self._build_cells()
+        self.position = checkpoint.DataPosition()
+        self.resumed_from: Optional[int] = None
+        self.last_checkpoint: Optional[str] = None
+        self._saved_steps: set[int] = set()
+        self._pending_manifests: set[int] = set()
+        self._gather: Optional[_RowGather] = None
+        self._replicas_checked = False
+        if self.options.resume is ResumeMode.AUTO:
+            self._resume()
+
+    # Setup -------------------------------------------------------------------------------------
+
+    def _apply_amp(self) -> nn.Cell:
+        level, dtype = self.options.amp_level, self.options.amp_dtype
+        note = amp.device_note(level, dtype, ms.get_context("device_target"))
+        if note:
+            log.warning(note)
+        return amp.apply_amp(self.network, level, dtype)
+
+    def _build_cells(self) -> None:
+        options, degree = self.options, self.world_size if self.data_parallel else 1
+        scaled = _ScaledLoss(_NetWithLoss(self.amp_network, self.loss_fn), self.scaler)
+        if options.grad_accumulation == 1:
+            self._step = _TrainStep(scaled, self.optimizer, self.scaler, options, degree)
+            self._train_cells: tuple[nn.Cell, ...] = (self._step,)
+        else:
+            buffers = _Accumulators(self.optimizer.parameters)
+            self._accumulate = _AccumulateStep(scaled, self.optimizer.parameters, buffers)
+            self._apply = _ApplyAccumulated(self.optimizer, self.scaler, options, degree, buffers)
+            self._train_cells = (self._accumulate, self._apply)
+        self._eval_step = _EvalStep(self.amp_network, self.loss_fn)
+
+    def _resume(self) -> None:
+        manifest = checkpoint.latest_complete(self.options.ckpt_dir)
+        if manifest is None:
+            log.info("resume=auto: no complete checkpoint in %s, starting fresh",
+                     self.options.ckpt_dir)
+            return
+        if manifest.world_size != self.world_size:
+            raise checkpoint.CheckpointError(
+                f"{checkpoint.step_dir(self.options.ckpt_dir, manifest.step)}: saved by "
+                f"{manifest.world_size} ranks, this run has {self.world_size}")
+        self.load(manifest)
+
+    def load(self, manifest: checkpoint.Manifest) -> None:
+        """Restore network, optimizer state, loss scale and data position from ``manifest``."""
+        loaded = checkpoint.load_rank(self.options.ckpt_dir, manifest, self.rank,
+                                      verify=self.options.verify_checksums)
+        _load_into(self.network, loaded.params, "network")
+        _load_into(self.optimizer, loaded.params, "optimizer")
+        amp.restore_scaler(self.scaler, loaded.extras.get("loss_scale", 1.0),
+                           int(loaded.extras.get("loss_scale_counter", 0)))
+        self.position = loaded.position
+        self.resumed_from = manifest.step
+        self._saved_steps.add(manifest.step)
+        log.info("resumed from step %d (epoch %d, batch %d)", manifest.step,
+                 loaded.position.epoch, loaded.position.batch_in_epoch)
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without scaling); reading it waits for the last step."""
+        return amp.scaler_state(self.scaler)[0]
+
+    # Training ----------------------------------------------------------------------------------
+
+    def fit(self, epochs: int, max_steps: Optional[int] = None) -> FitResult:
+        """Train until epoch ``epochs`` (counted from 0, resumed epochs included) or until
+        ``max_steps`` optimizer steps in total, whichever comes first."""
+        if epochs < 1 or (max_steps is not None and max_steps < 1):
+            raise TrainerError(f"fit needs epochs >= 1 and max_steps >= 1, "
+                               f"got {epochs} and {max_steps}")
+        run = _Run(_Meter())
+        self._check_replicas()
+        for callback in self.callbacks:
+            callback.on_fit_start(self)
+        self._train(run, epochs, max_steps)
+        return self._finish(run)
+
+    def _train(self, run: _Run, epochs: int, max_steps: Optional[int]) -> None:
+        if self.position.epoch >= epochs or self._reached(max_steps):
+            return
+        batches = self._iterator(epochs)
+        try:
+            while self.position.epoch < epochs and not run.stop:
+                self._train_epoch(run, batches, max_steps)
+        finally:
+            batches.stop()
+
+    def _iterator(self, epochs: int) -> Any:
+        # The pipeline starts at the consumed position, so a resumed run sees the same batches
+        # (same per-epoch shuffles) as an uninterrupted one.
+        start = self.position.epoch * self.batches_per_epoch + self.position.batch_in_epoch
+        self.train_ds.set_init_step(start)
+        try:
+            return self.train_ds.create_tuple_iterator(num_epochs=epochs)
+        finally:
+            self.train_ds.set_init_step(0)
+
+    def _train_epoch(self, run: _Run, batches: Any, max_steps: Optional[int]) -> None:
+        epoch = self.position.epoch
+        self._set_train(True)
+        for batch in batches:
+            if self._micro_batch(run, batch):
+                self._after_step(run)
+                if run.stop or self._reached(max_steps):
+                    run.stop = True
+                    break
+        if self.position.epoch == epoch and not run.stop:
+            raise TrainerError(f"train_ds ended after {self.position.batch_in_epoch} batches of "
+                               f"epoch {epoch}, but its get_dataset_size() is "
+                               f"{self.batches_per_epoch}")
+        self._end_epoch(run, epoch)
+
+    def _micro_batch(self, run: _Run, batch: Sequence[Any]) -> bool:
+        """Feed one batch; True when it completed an optimizer step."""
+        run.meter.add(int(batch[0].shape[0]))
+        consumed = self.position.batch_in_epoch + 1
+        if self.options.grad_accumulation == 1:
+            loss, finite = self._step(*batch)
+        else:
+            self._accumulate(*batch)
+            window = (consumed - 1) % self.options.grad_accumulation + 1
+            if window < self.options.grad_accumulation and consumed < self.batches_per_epoch:
+                self.position = dataclasses.replace(self.position, batch_in_epoch=consumed)
+                return False
+            loss, finite = self._apply(ms.Tensor(1.0 / window, ms.float32))
+        self._advance(consumed)
+        run.last_loss = loss
+        run.epoch_losses.append(loss)
+        run.pending_finite.append(finite)
+        return True
+
+    def _advance(self, consumed: int) -> None:
+        step = self.position.global_step + 1
+        if consumed >= self.batches_per_epoch:
+            self.position = checkpoint.DataPosition(self.position.epoch + 1, 0, step)
+        else:
+            self.position = checkpoint.DataPosition(self.position.epoch, consumed, step)
+
+    def _after_step(self, run: _Run) -> None:
+        run.steps_run += 1
+        if run.meter.started is None:
+            run.last_loss.asnumpy()  # waits for the compiling first step before the clock starts
+            run.meter.start()
+        step = self.position.global_step
+        if step % self.options.log_every == 0:
+            self._emit_step(run)
+        if self.callbacks:
+            self._step_callbacks(run)
+        every = self.options.ckpt_every_steps
+        if every and step % every == 0:
+            self._save(run)
+
+    def _step_callbacks(self, run: _Run) -> None:
+        info = StepInfo(self.position.global_step, self.position.epoch,
+                        self.position.batch_in_epoch, run.last_loss)
+        for callback in self.callbacks:
+            if callback.on_step_end(info) is Signal.STOP:
+                run.stop = True
+
+    def _emit_step(self, run: _Run) -> None:
+        self._count_skipped(run)
+        events.emit(contract.EVENT_STEP, step=self.position.global_step, epoch=self.position.epoch,
+                    loss=float(run.last_loss.asnumpy()), samples_per_s=run.meter.rate(),
+                    loss_scale=self.loss_scale)
+
+    def _count_skipped(self, run: _Run) -> None:
+        run.skipped += sum(not bool(np.asarray(_numpy(f))) for f in run.pending_finite)
+        run.pending_finite.clear()
+
+    def _reached(self, max_steps: Optional[int]) -> bool:
+        return max_steps is not None and self.position.global_step >= max_steps
+
+    def _end_epoch(self, run: _Run, epoch: int) -> None:
+        if run.epoch_losses:
+            run.last_epoch_loss = float(np.mean([_numpy(loss) for loss in run.epoch_losses]))
+            run.epoch_losses.clear()
+        if self.position.epoch == epoch:  # stopped part-way: no evaluation, no epoch hooks
+            return
+        started = time.perf_counter()
+        if self.eval_ds is not None and self.position.epoch % self.options.eval_every_epochs == 0:
+            run.eval = self.evaluate()
+        run.meter.pause_since(started)
+        every = self.options.ckpt_every_epochs
+        if every and self.position.epoch % every == 0:
+            self._save(run)
+        self._epoch_callbacks(run, epoch)
+
+    def _epoch_callbacks(self, run: _Run, epoch: int) -> None:
+        info = EpochInfo(epoch, self.position.global_step, run.last_epoch_loss, run.eval)
+        for callback in self.callbacks:
+            if callback.on_epoch_end(info) is Signal.STOP:
+                run.stop = True
+
+    def _finish(self, run: _Run) -> FitResult:
+        if run.last_loss is not None:
+            run.last_loss.asnumpy()
+        rate = run.meter.rate()
+        if run.steps_run:
+            self._save(run)
+        self._complete_pending()
+        self._count_skipped(run)
+        result = FitResult(
+            steps=self.position.global_step, steps_run=run.steps_run, epochs=self.position.epoch,
+            final_loss=run.last_epoch_loss, eval=run.eval, samples_per_s=rate,
+            global_samples_per_s=rate * self.world_size, skipped_steps=run.skipped,
+            loss_scale=self.loss_scale, resumed_from=self.resumed_from,
+            stopped_early=run.stop, last_checkpoint=self.last_checkpoint)
+        events.emit(contract.EVENT_FINISHED, steps=result.steps, final_loss=result.final_loss,
+                    samples_per_s=result.samples_per_s)
+        for callback in self.callbacks:
+            callback.on_fit_end(result)
+        return result
+
+    def _set_train(self, mode: bool) -> None:
+        for cell in self._train_cells:
+            cell.set_train(mode)
+
+    # Evaluation --------------------------------------------------------------------------------
+
+    def evaluate(self) -> EvalResult:
+        """Loss and accuracy over ``eval_ds``, summed over every rank's shard in data parallel."""
+        if self.eval_ds is None:
+            raise TrainerError("evaluate() needs an eval_ds")
+        self._eval_step.set_train(False)
+        totals = np.zeros(3, dtype=np.float64)  # loss sum, correct, samples
+        for batch in self.eval_ds.create_tuple_iterator(num_epochs=1):
+            loss, logits = self._eval_step(*batch)
+            totals += _eval_counts(float(loss.asnumpy()), logits.asnumpy(), batch[-1].asnumpy())
+        if self.data_parallel:
+            totals = self._gather_rows(totals.astype(np.float32)).sum(axis=0)
+        samples = int(totals[2])
+        accuracy = totals[1] / samples if samples and not math.isnan(totals[1]) else None
+        return EvalResult(float(totals[0] / max(samples, 1)), accuracy, samples)
+
+    # Checkpoints -------------------------------------------------------------------------------
+
+    def _save(self, run: _Run) -> None:
+        step = self.position.global_step
+        if self.options.ckpt_dir is None or step in self._saved_steps:
+            return
+        started = time.perf_counter()
+        entry = checkpoint.save_rank(self.options.ckpt_dir, step, self.rank, self._state_params(),
+                                     self.position, self._extras())
+        self._saved_steps.add(step)
+        self._check_replicas(force=True)  # also the barrier before rank 0 looks for all files
+        self._pending_manifests.add(step)
+        self._complete_pending()
+        path = str(checkpoint.step_dir(self.options.ckpt_dir, step) / entry.name)
+        self.last_checkpoint = path
+        events.emit(contract.EVENT_CHECKPOINT, step=step, path=path)
+        for callback in self.callbacks:
+            callback.on_checkpoint(step, path)
+        run.meter.pause_since(started)
+
+    def _state_params(self) -> list[Any]:
+        params = {p.name: p for p in self.network.get_parameters()}
+        params.update((p.name, p) for p in self.optimizer.get_parameters())
+        return list(params.values())
+
+    def _extras(self) -> dict[str, float]:
+        scale, counter = amp.scaler_state(self.scaler)
+        return {"loss_scale": scale, "loss_scale_counter": counter}
+
+    def _complete_pending(self) -> None:
+        if self.rank != 0 or self.options.ckpt_dir is None:
+            return
+        for step in sorted(self._pending_manifests):
+            done = checkpoint.mark_complete(self.options.ckpt_dir, step, self.world_size,
+                                            keep_last=self.options.keep_last)
+            if done is not None:
+                self._pending_manifests.discard(step)
+
+    # Data-parallel replicas --------------------------------------------------------------------
+
+    def _check_replicas(self, force: bool = False) -> None:
+        if not self.data_parallel or (self._replicas_checked and not force):
+            return
+        params = [p for p in self.network.trainable_params()]
+        digest = checkpoint.parameters_digest(params)
+        rows = self._gather_rows(_digest_row(digest))
+        checkpoint.check_replicas([_row_digest(row) for row in rows], self.position.global_step)
+        self._replicas_checked = True
+
+    def _gather_rows(self, row: np.ndarray) -> np.ndarray:
+        if self._gather is None:
+            self._gather = _RowGather()
+        return self._gather(ms.Tensor(row[None, :], ms.float32)).asnumpy()
+
+
+# Helpers ------------------------------------------------------------------------------------------
+
+_DATA_PARALLEL_MODES = ("data_parallel", "hybrid_parallel")
+
+
+def _rank_of(info: Optional[RankLike]) -> tuple[int, int]:
+    if info is None:
+        info = contract.RankIdentity.from_environ(os.environ)
+    rank, world = int(info.rank), int(info.world_size)
+    if world < 1 or not 0 <= rank < world:
+        raise TrainerError(f"rank {rank} is not in a world of {world}")
+    return rank, world
+
+
+def _parallel_mode() -> str:
+    return str(ms.get_auto_parallel_context("parallel_mode"))
+
+
+def _warn_about_context(world_size: int) -> None:
+    if ms.get_context("mode") == ms.PYNATIVE_MODE:
+        log.warning("PyNative mode: the train step runs eagerly, 2-3x slower than in GRAPH_MODE "
+                    "(parallel.init() selects GRAPH_MODE outside --debug)")
+    if world_size > 1 and _parallel_mode() == "stand_alone":
+        log.warning("world size %d but parallel mode stand_alone: gradients are not all-reduced, "
+                    "each rank trains on its own (call parallel.init() first)", world_size)
+
+
+def _batches_per_epoch(dataset: Any) -> int:
+    if not hasattr(dataset, "create_tuple_iterator") or not hasattr(dataset, "set_init_step"):
+        raise TrainerError(f"train_ds must be a mindspore.dataset.Dataset, got {type(dataset)}")
+    size = int(dataset.get_dataset_size())
+    if size < 1:
+        raise TrainerError("train_ds is empty")
+    return size
+
+
+def _load_into(cell: nn.Cell, params: dict[str, Any], what: str) -> None:
+    missing, _ = ms.load_param_into_net(cell, params)
+    if missing:
+        raise checkpoint.CheckpointError(f"checkpoint lacks {what} parameters: {missing[:5]}")
+
+
+def _numpy(value: Any) -> Any:
+    return value.asnumpy() if hasattr(value, "asnumpy") else value
+
+
+def _eval_counts(loss: float, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    count = logits.shape[0]
+    if labels.ndim == logits.ndim:  # one-hot
+        labels = labels.argmax(axis=-1)
+    is_class = labels.dtype.kind in "iu"
+    correct = float((logits.argmax(axis=-1) == labels).sum()) if is_class else float("nan")
+    return np.array([loss * count, correct, count], dtype=np.float64)
+
+
+def _digest_row(digest: bytes) -> np.ndarray:
+    # Eight bytes as four 16-bit values: exact in float32, which every backend can all-gather.
+    return np.frombuffer(digest[:8], dtype=">u2").astype(np.float32)
+
+
+def _row_digest(row: np.ndarray) -> bytes:
+    return np.asarray(row, dtype=np.float32).astype(">u2").tobytes()
