@@ -59,6 +59,9 @@ def _write(path: Path, num_files: int, schema: Dict[str, Any], rows: Iterable[Di
 
     if not 1 <= num_files <= length:
         raise ValueError(f"num_files must be between 1 and the {length} samples, got {num_files}")
+    existing = [f for f in mindrecord_files(path, num_files) if f.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{existing[0]} already exists (overwrite replaces it)")
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = FileWriter(str(path), num_files, overwrite=overwrite)
     writer.add_schema(schema, path.stem or "samples")

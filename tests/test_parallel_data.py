@@ -300,3 +300,22 @@ def test_an_image_folder_written_to_mindrecord_keeps_images_and_labels(store, tm
              for image, label in (next(d.create_tuple_iterator(num_epochs=1, output_numpy=True))
                                   for d in (from_record, from_folder))]
     assert pairs[0] == pairs[1] == [(i, i % 3) for i in range(16)]
+
+
+def test_prepare_data_writes_an_npz_and_refuses_to_overwrite(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
+    np.savez(tmp_path / "arrays.npz", id=np.arange(12), x=np.ones((12, 3), np.float32))
+    out = tmp_path / "out set.mindrecord"
+    command = [sys.executable, str(script), "npz", str(tmp_path / "arrays.npz"), str(out), "--files", "3"]
+    first = subprocess.run(command, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split("\n")[:3] == [f"{out}{i}" for i in range(3)]
+    info = RankInfo.in_layout(0, 1, ParallelConfig())
+    [[batch]] = read_epochs(sharded_dataset(f"{out}1", info, 12, columns=["id"]), SourceKind.NUMPY, 1)
+    assert sorted(batch) == list(range(12))
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == f"Error: {out}0 already exists (overwrite replaces it)"

@@ -1,0 +1,45 @@
+"""Real CPU data-parallel runs through npu-launch: parallel.init() plus a sharded MindRecord reader
+must end with bit-identical trainable parameters on every rank."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_no_job_processes, run_launcher
+
+SCRIPTS = REPO / "scripts"
+DIGITS = 1797
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits as two MindRecord files, written by the real preparation script."""
+    folder = tmp_path_factory.mktemp("digits data")
+    out = folder / "digits set.mindrecord"
+    subprocess.run([sys.executable, str(SCRIPTS / "prepare_data.py"), "digits", str(out),
+                    "--files", "2"], check=True, capture_output=True, cwd=REPO)
+    return Path(f"{out}0")
+
+
+@pytest.mark.mindspore
+@pytest.mark.parametrize("cards", [2, 4])
+def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp, cards):
+    job, out = f"parallel-dp-{cards}", weird_tmp / "results"
+    result = run_launcher("--device", "cpu", "--cards", str(cards), "--job-id", job,
+                          "--log-dir", str(weird_tmp / "logs"), "--console", "none",
+                          str(SCRIPTS / "train_digits.py"), str(digits), "--out", str(out),
+                          "--epochs", "1", "--batch", str(BATCH), cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(cards)]
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, cards) for rank in range(cards)]
+    assert {r["steps_per_epoch"] for r in ranks} == {DIGITS // cards // BATCH}
+    assert len({r["first_batch"] for r in ranks}) == cards, "ranks must read different shards"
+    assert len({r["initial_parameters"] for r in ranks}) == 1, "the common seed must give one init"
+    assert len({r["parameters"] for r in ranks}) == 1, "trainable parameters differ between ranks"
+    assert ranks[0]["parameters"] != ranks[0]["initial_parameters"]
+    assert_no_job_processes(job)
