@@ -51,7 +51,7 @@ class RankInfo:
     @classmethod
     def in_layout(cls, rank: int, world_size: int, config: ParallelConfig, *, local_rank: int = 0,
                   device_id: int = 0, device_target: DeviceTarget = DeviceTarget.CPU) -> "RankInfo":
-        """Describe ``rank`` of ``world_size`` under ``config`` (validated here) without touching MindSpore."""
+        """Describe ``rank`` of ``world_size`` under ``config`` (validated here), without MindSpore."""
         resolved = config.validate(world_size)
         _check_rank(rank, world_size)
         return cls(rank=rank, world_size=world_size, local_rank=local_rank, device_id=device_id,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 
