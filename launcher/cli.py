@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Any, Optional, Sequence
 
@@ -17,7 +18,10 @@ from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_kno
                              parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from launcher.backends import TransportOptions
+from launcher.hostfile import read_hostfile, select_hosts
 from launcher.launch import launch
+from launcher.preflight import render, run_preflight
 
 _FILE_ONLY_KEYS = ("script", "script_args")
 
@@ -51,8 +55,8 @@ def cli() -> None:
               show_default=True, help="npu: Ascend cards (/dev/davinciN); cpu: CPU ranks; auto: "
               "npu when cards exist.")
 @click.option("--rank-table", type=str, help="HCCL rank table: start in rank-table mode.")
-@click.option("--master-addr", default="127.0.0.1", show_default=True,
-              help="Address of the scheduler (MS_SCHED_HOST, MASTER_ADDR).")
+@click.option("--master-addr", help="Address of the scheduler (MS_SCHED_HOST, MASTER_ADDR) "
+              "[default: 127.0.0.1; with a hostfile, the first host].")
 @click.option("--master-port", type=int, help="Scheduler port [default: a free port].")
 @click.option("--log-dir", type=str, help="Logs go here [default: ./npu_launch_logs/<job id>].")
 @click.option("--job-id", type=str, help="Name of this job [default: time and a random tag].")
@@ -70,6 +74,23 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable in every "
               "rank (repeatable).")
+@click.option("--hostfile", type=str, help="Hosts to run on, one 'host slots=N' per line "
+              "(DeepSpeed format).")
+@click.option("--include", help="Only these hosts/cards, e.g. node1:0,2@node2.")
+@click.option("--exclude", help="Not these hosts/cards, e.g. node3@node1:7.")
+@click.option("--nnodes", type=int, help="Use the first N hosts; without a hostfile, the "
+              "number of nodes of a job started by hand on each node.")
+@click.option("--node-rank", type=int, help="This node's index in a job started by hand "
+              "(with --nnodes, --master-addr, --master-port).")
+@click.option("--launcher", "launcher_kind", type=click.Choice(["auto", "local", "ssh", "slurm",
+              "mpi"]), default="auto", show_default=True, help="How node agents start: slurm "
+              "inside an allocation, else ssh with a hostfile, else local.")
+@click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
+@click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments, e.g. "
+              "'-F ~/.ssh/cluster_config' (repeatable).")
+@click.option("--launcher-args", help="Extra arguments for srun or mpirun, one string.")
+@click.option("--no-preflight", is_flag=True, help="Skip the host checks before a multi-node "
+              "launch.")
 @click.option("--config", "config_file", type=str, help="YAML file of these options; flags given "
               "here win.")
 @click.argument("script", required=False)
@@ -79,6 +100,27 @@ def run_command(ctx: click.Context, **options: Any) -> int:
     """Run SCRIPT once per card and supervise it until the job ends."""
     config = build_config(ctx, options)
     return launch(config, os.environ, sys.stdout, sys.stderr)
+
+
+@cli.command("preflight")
+@click.option("--hostfile", required=True, help="Hosts to check (DeepSpeed format).")
+@click.option("--include", help="Only these hosts/cards.")
+@click.option("--exclude", help="Not these hosts/cards.")
+@click.option("--nnodes", type=int, help="Check the first N hosts.")
+@click.option("--device", type=click.Choice([k.value for k in DeviceKind]), default="auto",
+              show_default=True, help="npu: each host needs a card per slot.")
+@click.option("--master-port", type=int, help="Check this port is free on the first host.")
+@click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
+@click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments.")
+def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[str],
+                      nnodes: Optional[int], device: str, master_port: Optional[int],
+                      ssh_port: Optional[int], ssh_options: tuple[str, ...]) -> int:
+    """Check every host of HOSTFILE in parallel and print one table; exit 1 if any fails."""
+    hosts = select_hosts(read_hostfile(hostfile), include, exclude, nnodes)
+    checks = run_preflight(hosts, TransportOptions(ssh_port, ssh_options), os.getcwd(),
+                           DeviceKind(device), master_port)
+    click.echo(render(checks))
+    return 0 if all(c.ok for c in checks) else 1
 
 
 def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
@@ -104,6 +146,16 @@ def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
         env=parse_env_pairs(options["env_pairs"]),
         python=sys.executable,
         workdir=os.getcwd(),
+        hostfile=options["hostfile"],
+        include=options["include"],
+        exclude=options["exclude"],
+        nnodes=options["nnodes"],
+        node_rank=options["node_rank"],
+        launcher=options["launcher_kind"],
+        ssh_port=options["ssh_port"],
+        ssh_options=tuple(options["ssh_options"]),
+        launcher_args=tuple(shlex.split(options["launcher_args"] or "")),
+        preflight=not options["no_preflight"],
     )
 
 

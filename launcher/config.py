@@ -51,7 +51,7 @@ class LaunchConfig:
     cards: Optional[int] = None
     device: DeviceKind = DeviceKind.AUTO
     rank_table: Optional[str] = None
-    master_addr: str = "127.0.0.1"
+    master_addr: Optional[str] = None
     master_port: Optional[int] = None
     log_dir: Optional[str] = None
     job_id: Optional[str] = None
@@ -64,6 +64,17 @@ class LaunchConfig:
     env: tuple[tuple[str, str], ...] = ()
     python: str = ""
     workdir: str = ""
+    hostfile: Optional[str] = None
+    include: Optional[str] = None
+    exclude: Optional[str] = None
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    launcher: str = "auto"
+    ssh_port: Optional[int] = None
+    ssh_options: tuple[str, ...] = ()
+    launcher_args: tuple[str, ...] = ()
+    preflight: bool = True
+    server_id: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not self.script:
@@ -82,9 +93,24 @@ class LaunchConfig:
             raise ConfigError(f"--startup-timeout {self.startup_timeout}: must not be negative")
         if self.json and not self.dry_run:
             raise ConfigError("--json goes with --dry-run")
+        if self.nnodes is not None and self.nnodes < 1:
+            raise ConfigError(f"--nnodes {self.nnodes}: must be at least 1")
+        if self.node_rank is not None:
+            self._check_manual_node()
         for key, _ in self.env:
             if not key or "=" in key or not key.replace("_", "a").isalnum():
                 raise ConfigError(f"--env {key!r}: not a variable name")
+
+    def _check_manual_node(self) -> None:
+        """``--node-rank`` starts this node's share of a job started by hand on every node."""
+        if self.hostfile:
+            raise ConfigError("--node-rank goes without --hostfile (node 0 starts the others)")
+        if self.nnodes is None or not 0 <= self.node_rank < self.nnodes:  # type: ignore[operator]
+            raise ConfigError(f"--node-rank {self.node_rank}: needs --nnodes N with "
+                              "0 <= node rank < N")
+        if not self.master_addr or self.master_port is None:
+            raise ConfigError("--node-rank: every node needs the same --master-addr and "
+                              "--master-port")
 
 
 def parse_env_pairs(pairs: Iterable[str], option: str = "--env") -> tuple[tuple[str, str], ...]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 class EventTail:
@@ -36,7 +36,7 @@ def _parse(lines: list[bytes]) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def prepare_dirs(log_dir: str) -> None:
-    """Make the job's log dir with the folders the ranks write into."""
-    for sub in ("", "events", "errors"):
-        os.makedirs(os.path.join(log_dir, sub), exist_ok=True)
+def prepare_dirs(log_dir: str, paths: Iterable[str] = ()) -> None:
+    """Make the job's log dir and the folder of every file the processes will write."""
+    for folder in {log_dir, *(os.path.dirname(p) for p in paths if p)}:
+        os.makedirs(folder, exist_ok=True)

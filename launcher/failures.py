@@ -103,7 +103,7 @@ def root_cause(failures: Sequence[Failure]) -> Optional[Failure]:
 def describe_failure(failure: Failure, job_id: str) -> str:
     """The root-cause block printed when a rank (or the scheduler) fails."""
     spec = failure.spec
-    who = "scheduler" if spec.rank is None else f"rank {spec.rank}"
+    who = f"rank {spec.rank}" if spec.rank is not None else spec.role.value
     lines = [f"npu-launch: job {job_id} failed: {who} on {spec.host} (pid {failure.pid}) "
              f"{failure.how()}"]
     if failure.report:

@@ -1,52 +1,169 @@
-"""``npu-launch SCRIPT``: turn a checked config into a plan, then run it (or print it)."""
+"""``npu-launch SCRIPT``: turn a checked config into a plan, then run it (or print it).
+
+One node: a ``Supervisor`` runs the plan here. Several nodes: a backend (ssh, Slurm, OpenMPI)
+names the hosts, preflight checks them, and a ``ClusterSupervisor`` runs one node agent per
+host. By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun.
+"""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import secrets
 import socket
+import sys
 import time
-from typing import Mapping, TextIO
+from typing import Mapping, Optional, TextIO
 
 from launcher import ports
+from launcher.agent import payload_for
+from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
+from launcher.backends.mpi import MpiBackend
+from launcher.backends.slurm import SlurmBackend
+from launcher.backends.ssh import SshBackend
+from launcher.cluster import ClusterSupervisor
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
-from launcher.errors import ConfigError
+from launcher.envfile import forwarded_env
+from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
+from launcher.hostfile import HostSelection, read_hostfile, select_hosts
+from launcher.output import Console
 from launcher.plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.preflight import render, run_preflight
 from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A plan and how to run it: here (``backend is None``) or through node agents."""
+
+    plan: LaunchPlan
+    backend: Optional[Backend]
+    node_rank: int
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code."""
-    plan = make_plan(config, environ, err)
+    job = make_job(config, environ, err)
     if config.dry_run:
-        out.write((plan.to_json() if config.json else plan.render()) + "\n")
+        out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
         return 0
-    result = run_plan(plan, config, environ)
+    result = run_job(job, config, environ)
     print_message(result, err)
     return result.exit_code
 
 
-def run_plan(plan: LaunchPlan, config: LaunchConfig, environ: Mapping[str, str]) -> JobResult:
-    prepare_dirs(plan.log_dir)
+def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str]) -> JobResult:
+    plan = job.plan
+    settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console)
+    console = Console(sys.stdout.buffer)
+    if job.backend is None:
+        prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
+        _write_plan(plan)
+        return Supervisor(plan, settings, environ, job.node_rank, console).run()
+    agents = job.backend.agent_launches(plan, payload_for(plan, settings))
+    prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
+    _write_plan(plan)
+    return ClusterSupervisor(plan, agents, config.kill_timeout, config.console, environ,
+                             console).run()
+
+
+def _write_plan(plan: LaunchPlan) -> None:
     with open(os.path.join(plan.log_dir, "plan.json"), "w") as f:
         f.write(plan.to_json())
-    settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console)
-    return Supervisor(plan, settings, environ).run()
 
 
-def make_plan(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> LaunchPlan:
+def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     """Everything that must be true before a process starts is checked here."""
+    kind = choose_kind(LauncherKind(config.launcher), environ, bool(config.hostfile))
+    if kind is LauncherKind.LOCAL:
+        return _local_job(config, environ, err)
+    return _cluster_job(config, kind, environ, err)
+
+
+def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     device, cards = _local_cards(config, environ, err)
+    nnodes = config.nnodes or 1
+    node_rank = config.node_rank or 0
+    host = socket.gethostname()
+    nodes = tuple(Node(host if i == node_rank else f"node{i}", i, cards) for i in range(nnodes))
+    master_addr = config.master_addr or "127.0.0.1"
+    port = _master_port(config, master_addr, check=node_rank == 0)
+    extra = forwarded_env(environ, config.workdir) if nnodes > 1 else {}
+    return Job(_plan(config, environ, nodes, device, master_addr, port, extra), None, node_rank)
+
+
+def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
+                 err: TextIO) -> Job:
+    options = TransportOptions(config.ssh_port, config.ssh_options, config.launcher_args)
+    backend = _backend(config, kind, environ, options)
+    hosts = backend.hosts()
+    port = config.master_port or ports.free_port("")
+    device = resolve_kind(DeviceKind(config.device), find_cards(environ))
+    if kind is not LauncherKind.SLURM and config.preflight:
+        device = _preflight(config, hosts, options, device, port, err)
+    nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
+                  for i, h in enumerate(hosts))
+    master_addr = config.master_addr or _address_of(hosts[0].host)
+    extra = forwarded_env(environ, config.workdir)
+    return Job(_plan(config, environ, nodes, device, master_addr, port, extra), backend, 0)
+
+
+def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
+             options: TransportOptions) -> Backend:
+    if kind is LauncherKind.SLURM:
+        return SlurmBackend(environ, config.cards or 1, config.nnodes, options)
+    if not config.hostfile:
+        raise ConfigError(f"--launcher {kind.value}: needs --hostfile")
+    hosts = select_hosts(read_hostfile(config.hostfile), config.include, config.exclude,
+                         config.nnodes)
+    for host in hosts:
+        if host.host.startswith("-") or (host.user or "").startswith("-"):
+            raise ConfigError(f"{config.hostfile}: host {host.host!r} looks like an option")
+    return SshBackend(hosts, options) if kind is LauncherKind.SSH else MpiBackend(hosts, options)
+
+
+def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: TransportOptions,
+               device: DeviceKind, port: int, err: TextIO) -> DeviceKind:
+    checks = run_preflight(hosts, options, os.path.abspath(config.workdir or "."),
+                           DeviceKind(config.device), port)
+    failed = [c.host for c in checks if not c.ok]
+    if failed:
+        err.write(render(checks) + "\n")
+        raise LaunchError(f"preflight failed on {', '.join(failed)}: nothing was started")
+    if DeviceKind(config.device) is DeviceKind.AUTO:
+        with_cards = all((c.facts or {}).get("cards", 0) > 0 for c in checks)
+        return DeviceKind.NPU if with_cards else DeviceKind.CPU
+    return device
+
+
+def _host_cards(config: LaunchConfig, host: HostSelection, device: DeviceKind) -> tuple[Card, ...]:
+    count = config.cards or len(host.cards)
+    if count > len(host.cards):
+        raise ConfigError(f"--cards {count}: host {host.host} has {len(host.cards)} slot(s) "
+                          f"in {config.hostfile}")
+    ids = host.cards[:count] if device is DeviceKind.NPU else tuple(range(count))
+    return tuple(Card(i, i) for i in ids)
+
+
+def _address_of(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        raise ConfigError(f"cannot resolve {host} (the first host, where the scheduler runs); "
+                          "give --master-addr") from None
+
+
+def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
+          device: DeviceKind, master_addr: str, port: int,
+          extra: Mapping[str, str]) -> LaunchPlan:
     job_id = config.job_id or new_job_id()
     log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
-    port = _master_port(config)
     inputs = PlanInputs(
-        job_id=job_id, log_dir=log_dir, master_port=port, device=device,
-        nodes=(Node(socket.gethostname(), 0, cards),),
-        base_pythonpath=environ.get("PYTHONPATH", ""), boot_dir=boot_dir(),
-        inherited=frozenset(environ),
+        job_id=job_id, log_dir=log_dir, master_addr=master_addr, master_port=port,
+        device=device, nodes=nodes, base_pythonpath=environ.get("PYTHONPATH", ""),
+        boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
     )
     return build_plan(config, inputs)
 
@@ -54,7 +171,7 @@ def make_plan(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> 
 def _local_cards(config: LaunchConfig, environ: Mapping[str, str],
                  err: TextIO) -> tuple[DeviceKind, tuple[Card, ...]]:
     found = find_cards(environ)
-    kind = resolve_kind(config.device, found)
+    kind = resolve_kind(DeviceKind(config.device), found)
     if kind is DeviceKind.CPU:
         count = 1 if config.debug else (config.cards or 1)
         if config.device is DeviceKind.AUTO:
@@ -70,10 +187,11 @@ def _local_cards(config: LaunchConfig, environ: Mapping[str, str],
     return kind, found[:count]
 
 
-def _master_port(config: LaunchConfig) -> int:
+def _master_port(config: LaunchConfig, master_addr: str, check: bool) -> int:
     if config.master_port is None:
-        return ports.free_port(config.master_addr)
-    ports.require_free(config.master_addr, config.master_port)
+        return ports.free_port(master_addr)
+    if check:
+        ports.require_free(master_addr, config.master_port)
     return config.master_port
 
 

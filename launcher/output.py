@@ -12,7 +12,9 @@ import os
 import select
 import threading
 import time
-from typing import BinaryIO, Optional
+from typing import BinaryIO, Callable, Optional
+
+LineSink = Callable[[bytes], None]
 
 _READ_SIZE = 65536
 _PARTIAL_LINE_DELAY = 1.0
@@ -30,16 +32,20 @@ class Console:
             self._stream.write(prefix + line + b"\n")
             self._stream.flush()
 
+    def sink(self, label: str) -> LineSink:
+        """Where a process's lines go to be shown as ``[label] line``."""
+        prefix = f"[{label}] ".encode()
+        return lambda line: self.write_line(prefix, line)
+
 
 class Pump(threading.Thread):
-    """Copies one process's output to its log file and, if ``console`` is set, to the console."""
+    """Copies one process's output to its log file and each whole line to ``on_line``."""
 
-    def __init__(self, fd: int, log_path: str, label: str, console: Optional[Console]) -> None:
+    def __init__(self, fd: int, log_path: str, label: str, on_line: Optional[LineSink]) -> None:
         super().__init__(name=f"pump {label}", daemon=True)
         self._fd = fd
         self._log = open(log_path, "ab", buffering=0)
-        self._prefix = f"[{label}] ".encode()
-        self._console = console
+        self._on_line = on_line
         self._pending = b""
         self._shown_pending = b""
         self._pending_since = 0.0
@@ -65,7 +71,7 @@ class Pump(threading.Thread):
         if not chunk:
             return False
         self._log.write(chunk)
-        if self._console is not None:
+        if self._on_line is not None:
             self._split_lines(chunk)
             if time.monotonic() - self._pending_since >= _PARTIAL_LINE_DELAY:
                 self._show_pending()
@@ -74,21 +80,21 @@ class Pump(threading.Thread):
     def _split_lines(self, chunk: bytes) -> None:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         for line in lines:
-            self._console.write_line(self._prefix, _latest_state(line))  # type: ignore[union-attr]
+            self._on_line(_latest_state(line))  # type: ignore[misc]
         if lines:
             self._shown_pending = b""
             self._pending_since = time.monotonic()
 
     def _show_pending(self) -> None:
-        if self._console is None or not self._pending or self._pending == self._shown_pending:
+        if self._on_line is None or not self._pending or self._pending == self._shown_pending:
             return
-        self._console.write_line(self._prefix, _latest_state(self._pending))
+        self._on_line(_latest_state(self._pending))
         self._shown_pending = self._pending
         self._pending_since = time.monotonic()
 
     def _flush_pending(self) -> None:
-        if self._console is not None and self._pending and self._pending != self._shown_pending:
-            self._console.write_line(self._prefix, _latest_state(self._pending))
+        if self._on_line is not None and self._pending and self._pending != self._shown_pending:
+            self._on_line(_latest_state(self._pending))
         self._pending = b""
 
 

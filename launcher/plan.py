@@ -42,6 +42,7 @@ class Node:
     host: str
     node_rank: int
     cards: tuple[Card, ...]
+    user: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +53,18 @@ class RankAssignment:
     device_id: int
 
 
+class Role(str, enum.Enum):
+    RANK = "rank"
+    SCHEDULER = "scheduler"
+    AGENT = "agent"
+    """A node agent: npu-launch itself on another host, supervising that host's ranks."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
-    """One process to start: a rank (``rank`` set) or the scheduler (``rank is None``)."""
+    """One process to start: a rank (``rank`` set), MindSpore's scheduler or a node agent."""
 
+    role: Role
     rank: Optional[int]
     host: str
     node_rank: int
@@ -67,8 +76,9 @@ class ProcessSpec:
 
     @property
     def label(self) -> str:
-        """``host:rank`` as the console prefix shows it (``host:sched`` for the scheduler)."""
-        return f"{self.host}:{'sched' if self.rank is None else self.rank}"
+        """``host:rank`` as the console prefix shows it (``host:sched``, ``host:agent``)."""
+        names = {Role.RANK: str(self.rank), Role.SCHEDULER: "sched", Role.AGENT: "agent"}
+        return f"{self.host}:{names[self.role]}"
 
     @property
     def events_path(self) -> str:
@@ -77,6 +87,11 @@ class ProcessSpec:
     @property
     def error_path(self) -> str:
         return self.env.get(contract.ERROR_FILE, "")
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file this process writes (its folders must exist before it starts)."""
+        return tuple(p for p in (self.log_path, self.events_path, self.error_path) if p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +119,21 @@ class LaunchPlan:
     def on_node(self, node_rank: int) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.node_rank == node_rank)
 
+    def node_hosts(self) -> dict[int, str]:
+        return {p.node_rank: p.host for p in self.processes}
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, default=_json_default)
+
+    @classmethod
+    def from_json(cls, text: str) -> "LaunchPlan":
+        """The inverse of ``to_json``: how a node agent receives its plan."""
+        data = json.loads(text)
+        data["mode"] = StartMode(data["mode"])
+        data["device"] = DeviceKind(data["device"])
+        data["scheduler"] = _spec_from_dict(data["scheduler"]) if data["scheduler"] else None
+        data["ranks"] = tuple(_spec_from_dict(r) for r in data["ranks"])
+        return cls(**data)
 
     def render(self) -> str:
         """The plan as a person reads it (``--dry-run``)."""
@@ -118,11 +146,15 @@ class LaunchPlan:
 
 
 def _render_process(spec: ProcessSpec) -> str:
-    who = "scheduler" if spec.rank is None else f"rank {spec.rank}"
+    who = f"rank {spec.rank}" if spec.role is Role.RANK else spec.role.value
     device = "" if spec.device_id is None else f"  device {spec.device_id}"
     env = "\n".join(f"    {k}={v}" for k, v in sorted(spec.env.items()))
     return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n  env:\n{env}\n"
             f"  cmd: {shlex.join(spec.argv)}")
+
+
+def _spec_from_dict(data: dict) -> ProcessSpec:
+    return ProcessSpec(**{**data, "role": Role(data["role"]), "argv": tuple(data["argv"])})
 
 
 def _json_default(value: object) -> object:
@@ -137,6 +169,7 @@ class PlanInputs:
 
     job_id: str
     log_dir: str
+    master_addr: str
     master_port: int
     device: DeviceKind
     nodes: tuple[Node, ...]
@@ -157,7 +190,7 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
     ranks = tuple(_rank_specs(config, inputs, mode, world))
     scheduler = _scheduler_spec(config, inputs, world) if mode is StartMode.DYNAMIC_CLUSTER else None
     return LaunchPlan(job_id=inputs.job_id, log_dir=inputs.log_dir, mode=mode,
-                      device=inputs.device, master_addr=config.master_addr,
+                      device=inputs.device, master_addr=inputs.master_addr,
                       master_port=inputs.master_port, world_size=world,
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
                       workdir=os.path.abspath(config.workdir or "."),
@@ -183,14 +216,15 @@ def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world
 
 def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: Node,
                local_rank: int, rank: int, device: int, world: int) -> ProcessSpec:
+    node_dir = node_log_dir(inputs.log_dir, node.host, len(inputs.nodes))
     env = {
         contract.RANK_ID: str(rank), contract.RANK: str(rank),
         contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
         contract.LOCAL_RANK: str(local_rank), contract.LOCAL_WORLD_SIZE: str(len(node.cards)),
         contract.DEVICE_ID: str(device),
-        contract.MASTER_ADDR: config.master_addr, contract.MASTER_PORT: str(inputs.master_port),
-        contract.EVENTS_FILE: os.path.join(inputs.log_dir, "events", f"rank_{rank}.jsonl"),
-        contract.ERROR_FILE: os.path.join(inputs.log_dir, "errors", f"rank_{rank}.json"),
+        contract.MASTER_ADDR: inputs.master_addr, contract.MASTER_PORT: str(inputs.master_port),
+        contract.EVENTS_FILE: os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
+        contract.ERROR_FILE: os.path.join(node_dir, "errors", f"rank_{rank}.json"),
         **_common_env(inputs, node),
     }
     if mode is StartMode.DYNAMIC_CLUSTER:
@@ -202,9 +236,9 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
     else:
         env[contract.DEBUG] = "1" if config.debug else "0"
     env.update(config.env)
-    return ProcessSpec(rank=rank, host=node.host, node_rank=node.node_rank,
+    return ProcessSpec(role=Role.RANK, rank=rank, host=node.host, node_rank=node.node_rank,
                        local_rank=local_rank, device_id=device,
-                       log_path=os.path.join(inputs.log_dir, f"rank_{rank}.log"), env=env,
+                       log_path=os.path.join(node_dir, f"rank_{rank}.log"), env=env,
                        argv=(config.python, config.script, *config.script_args))
 
 
@@ -212,13 +246,21 @@ def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> Pro
     node = inputs.nodes[0]
     env = {**_common_env(inputs, node), **_cluster_env(config, inputs, world),
            contract.MS_ROLE: contract.ROLE_SCHEDULER, **dict(config.env)}
-    return ProcessSpec(rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
-                       device_id=None, log_path=os.path.join(inputs.log_dir, "scheduler.log"),
+    return ProcessSpec(role=Role.SCHEDULER, rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
+                       device_id=None,
+                       log_path=os.path.join(node_log_dir(inputs.log_dir, node.host,
+                                                          len(inputs.nodes)), "scheduler.log"),
                        env=env, argv=(config.python, "-m", SCHEDULER_MODULE))
 
 
+def node_log_dir(log_dir: str, host: str, nnodes: int) -> str:
+    """Where a node keeps its ranks' own logs: the job's log dir, or a folder per host when
+    several nodes may share one file system (node 0 gathers streamed copies at the top)."""
+    return log_dir if nnodes == 1 else os.path.join(log_dir, "hosts", host)
+
+
 def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[str, str]:
-    env = {contract.MS_SCHED_HOST: config.master_addr,
+    env = {contract.MS_SCHED_HOST: inputs.master_addr,
            contract.MS_SCHED_PORT: str(inputs.master_port),
            contract.MS_WORKER_NUM: str(world)}
     env.update({k: v for k, v in _FAST_RETRY.items()

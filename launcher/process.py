@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 import psutil
 
 from launcher import contract
-from launcher.output import Console, Pump
+from launcher.output import LineSink, Pump
 from launcher.plan import ProcessSpec
 
 _POLL_INTERVAL = 0.02
@@ -41,30 +41,39 @@ class ProcessGroup:
     """Every process this launcher started on this node, keyed by label."""
 
     def __init__(self, job_id: str, base_env: Mapping[str, str], workdir: str,
-                 console: Optional[Console]) -> None:
+                 node_rank: Optional[int] = None) -> None:
         self._job_id = job_id
+        self._node_rank = node_rank
         self._base_env = dict(base_env)
         self._workdir = workdir
-        self._console = console
         self._running: dict[str, tuple[ProcessSpec, subprocess.Popen]] = {}
         self._pumps: dict[str, Pump] = {}
         self.pids: dict[str, int] = {}
         self._closed = False
 
-    def start(self, spec: ProcessSpec, show_on_console: bool) -> int:
-        """Start ``spec`` with its output pumped to its log; returns the pid."""
+    def start(self, spec: ProcessSpec, on_line: Optional[LineSink],
+              stdin_data: Optional[bytes] = None) -> int:
+        """Start ``spec`` with its output pumped to its log and, line by line, to ``on_line``.
+
+        With ``stdin_data`` the process reads that from a pipe which then stays open: a node
+        agent takes the pipe's end (``close``, or this launcher dying) as the order to stop.
+        """
         env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
         read_end, write_end = os.pipe()
         try:
             proc = subprocess.Popen(list(spec.argv), env=env, cwd=self._workdir,
-                                    stdin=subprocess.DEVNULL, stdout=write_end,
-                                    stderr=write_end, start_new_session=True)
+                                    stdin=subprocess.DEVNULL if stdin_data is None
+                                    else subprocess.PIPE,
+                                    stdout=write_end, stderr=write_end, start_new_session=True)
         except OSError:
             os.close(read_end)
             raise
         finally:
             os.close(write_end)
-        pump = Pump(read_end, spec.log_path, spec.label, self._console if show_on_console else None)
+        if stdin_data is not None and proc.stdin is not None:
+            proc.stdin.write(stdin_data)
+            proc.stdin.flush()
+        pump = Pump(read_end, spec.log_path, spec.label, on_line)
         pump.start()
         self._running[spec.label] = (spec, proc)
         self._pumps[spec.label] = pump
@@ -103,14 +112,30 @@ class ProcessGroup:
         if self._closed:
             return []
         self._closed = True
+        ended = self._stop_agents_politely(grace)
         self._signal_all(signal.SIGTERM)
-        ended = self._wait_until(time.monotonic() + grace)
+        ended += self._wait_until(time.monotonic() + grace)
         self._signal_all(signal.SIGKILL)
         ended += self._wait_until(time.monotonic() + 5.0)
-        kill_job_strays(self._job_id)
+        if self._node_rank is not None:
+            kill_job_strays(self._job_id, self._node_rank)
         for pump in self._pumps.values():
             pump.join(1.0)
         return ended
+
+    def _stop_agents_politely(self, grace: float) -> list[Exit]:
+        """Close the stdin of processes fed through a pipe (node agents) and give them time to
+        stop their own ranks: killing the ssh client at once would leave the remote side
+        unattended while it tears down."""
+        piped = [proc for _, proc in self._running.values() if proc.stdin is not None]
+        for proc in piped:
+            try:
+                proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        if not piped:
+            return []
+        return self._wait_until(time.monotonic() + grace + 5.0)
 
     def _signal_all(self, sig: signal.Signals) -> None:
         for label, (_, proc) in self._running.items():
@@ -139,10 +164,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def kill_job_strays(job_id: str) -> list[int]:
-    """SIGKILL every process of this user whose environment carries ``job_id``."""
+def kill_job_strays(job_id: str, node_rank: int) -> list[int]:
+    """SIGKILL every process whose environment carries ``job_id`` and this node's rank.
+
+    The node rank matters where several "hosts" share one process table (containers, network
+    namespaces): each node agent must sweep only its own node's processes.
+    """
     killed = []
-    for proc in job_processes(job_id):
+    for proc in job_processes(job_id, node_rank):
         try:
             proc.kill()
             killed.append(proc.pid)
@@ -151,15 +180,16 @@ def kill_job_strays(job_id: str) -> list[int]:
     return killed
 
 
-def job_processes(job_id: str) -> list[psutil.Process]:
-    """Processes whose environment has ``NPU_LAUNCH_JOB_ID=job_id`` (not this one)."""
+def job_processes(job_id: str, node_rank: int) -> list[psutil.Process]:
+    """Processes (not this one) whose environment has this job id and node rank."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(contract.JOB_ID) == job_id:
+            env = proc.environ()
+            if env.get(contract.JOB_ID) == job_id and env.get(contract.NODE_RANK) == str(node_rank):
                 found.append(proc)
         except psutil.Error:
             continue

@@ -20,12 +20,12 @@ from launcher.events import EventTail
 from launcher.failures import (ErrorReport, Failure, Outcome, describe_failure, describe_stuck,
                                root_cause)
 from launcher.output import Console
-from launcher.plan import LaunchPlan, ProcessSpec, StartMode
+from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
 
 _TICK = 0.02
 _DRAIN_TIMEOUT = 0.5
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Supervisor:
         self._settings = settings
         self._base_env = base_env
         self._specs = plan.on_node(node_rank)
+        self._node_rank = node_rank
         self._console = console_stream or Console(sys.stdout.buffer)
         self._on_event = on_event
         self._tails = {s.rank: EventTail(s.events_path) for s in self._specs if s.rank is not None}
@@ -70,7 +71,8 @@ class Supervisor:
 
     def run(self) -> JobResult:
         started = time.time()
-        group = ProcessGroup(self._plan.job_id, self._base_env, self._plan.workdir, self._console)
+        group = ProcessGroup(self._plan.job_id, self._base_env, self._plan.workdir,
+                             self._node_rank)
         previous = self._install_signal_handlers()
         try:
             self._start_all(group)
@@ -80,7 +82,7 @@ class Supervisor:
             stuck = self._stuck_ranks(group)
         finally:
             ended_at_close = group.close(self._settings.kill_timeout)
-            _restore_signal_handlers(previous)
+            restore_signal_handlers(previous)
         return self._result(outcome, failures, tuple(ended) + tuple(ended_at_close), stuck,
                             started)
 
@@ -90,7 +92,7 @@ class Supervisor:
                 group.start_foreground(spec)
             else:
                 show = spec.rank is not None and self._settings.console.shows(spec.rank)
-                group.start(spec, show)
+                group.start(spec, self._console.sink(spec.label) if show else None)
 
     def _watch(self, group: ProcessGroup,
                started: float) -> tuple[Outcome, list[Exit], list[Failure]]:
@@ -106,11 +108,19 @@ class Supervisor:
             failures = [Failure.from_exit(e) for e in new if not e.ok] + _reported(group)
             if failures:
                 return Outcome.FAILED, ended, failures
-            if ranks <= {e.spec.label for e in ended}:
+            if ranks <= {e.spec.label for e in ended} and self._scheduler_done(group):
                 return Outcome.SUCCEEDED, ended, []
             if deadline is not None and time.time() > deadline and self._stuck_ranks(group):
                 return Outcome.STARTUP_TIMEOUT, ended, []
             self._wake.wait(_TICK)
+
+    def _scheduler_done(self, group: ProcessGroup) -> bool:
+        """Whether the scheduler may be stopped once this node's ranks are done: at once when
+        they are all the job's ranks; else the scheduler exits by itself when the last rank
+        anywhere has left the cluster, and other nodes' ranks still need it until then."""
+        if self._plan.nnodes == 1:
+            return True
+        return not any(spec.role is Role.SCHEDULER for spec in group.running())
 
     def _startup_deadline(self, started: float) -> Optional[float]:
         if self._plan.mode is StartMode.SINGLE or self._plan.foreground:
@@ -156,7 +166,7 @@ class Supervisor:
 
     def _install_signal_handlers(self) -> dict[int, object]:
         previous = {}
-        for sig in _STOP_SIGNALS:
+        for sig in STOP_SIGNALS:
             # Ctrl-C reaches a foreground rank through the terminal: pdb or the script decides.
             foreground_sigint = sig == signal.SIGINT and self._plan.foreground
             previous[sig] = signal.signal(sig, signal.SIG_IGN if foreground_sigint
@@ -164,6 +174,10 @@ class Supervisor:
         return previous
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        self.request_stop(signum)
+
+    def request_stop(self, signum: int) -> None:
+        """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
         if self._signal is None:
             self._signal = signum
         self._wake.set()
@@ -181,7 +195,7 @@ def _reported(group: ProcessGroup) -> list[Failure]:
     return failures
 
 
-def _restore_signal_handlers(previous: Mapping[int, object]) -> None:
+def restore_signal_handlers(previous: Mapping[int, object]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)  # type: ignore[arg-type]
 

@@ -1,0 +1,104 @@
+"""A node agent: npu-launch on one host of a multi-node job, supervising that host's ranks.
+
+Node 0 starts one per host (over ssh, srun or mpirun) with the whole job's plan; the agent runs
+its node's share exactly as a one-node launch does, sends every rank line to its stdout as
+``[host:rank] line``, and adds control lines (``launcher.control``) for events and its result.
+Fed over stdin, it takes the end of stdin as node 0's order to stop (or node 0's death).
+
+    python -m launcher.agent --plan - --node-rank 1      # payload on stdin (ssh)
+    python -m launcher.agent --plan FILE                  # node rank from Slurm or OpenMPI
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any, Mapping, Optional, Sequence
+
+from launcher import control
+from launcher.config import ConsoleFilter
+from launcher.events import prepare_dirs
+from launcher.output import Console
+from launcher.plan import LaunchPlan
+from launcher.supervisor import JobResult, Supervisor, SupervisorSettings
+
+NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def payload_for(plan: LaunchPlan, settings: SupervisorSettings) -> bytes:
+    """What node 0 sends every agent: one JSON line."""
+    body = {"plan": plan.to_json(), "kill_timeout": settings.kill_timeout,
+            "startup_timeout": settings.startup_timeout}
+    return json.dumps(body).encode() + b"\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m launcher.agent")
+    parser.add_argument("--plan", required=True, help="payload file, or - for stdin")
+    parser.add_argument("--node-rank", type=int, default=None)
+    args = parser.parse_args(argv)
+    from_stdin = args.plan == "-"
+    body = json.loads(_read_line(0) if from_stdin else open(args.plan).read())
+    plan = LaunchPlan.from_json(body["plan"])
+    node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
+    settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter())
+    sys.exit(run_agent(plan, settings, node_rank, from_stdin))
+
+
+def _read_line(fd: int) -> bytes:
+    """The payload line from ``fd``; node 0 sends nothing after it but, at last, EOF."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def node_rank_from(environ: Mapping[str, str]) -> int:
+    for name in NODE_RANK_SOURCES:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    raise SystemExit("npu-launch agent: no --node-rank and none of "
+                     f"{', '.join(NODE_RANK_SOURCES)} set")
+
+
+def run_agent(plan: LaunchPlan, settings: SupervisorSettings, node_rank: int,
+              watch_stdin: bool) -> int:
+    specs = plan.on_node(node_rank)
+    prepare_dirs(plan.log_dir, [path for spec in specs for path in spec.files])
+    console = Console(sys.stdout.buffer)
+    send = lambda kind, body: console.write_line(b"", control.encode(kind, body))  # noqa: E731
+    supervisor = Supervisor(plan, settings, os.environ, node_rank, console,
+                            on_event=lambda event: send(control.EVENT, event))
+    if watch_stdin:
+        threading.Thread(target=_stop_at_eof, args=(supervisor,), daemon=True).start()
+    result = supervisor.run()
+    send(control.RESULT, result_record(result, specs[0].host if specs else "", node_rank))
+    return result.exit_code
+
+
+def _stop_at_eof(supervisor: Supervisor) -> None:
+    # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the
+    # interpreter abort at exit ("could not acquire lock for <stdin>").
+    while os.read(0, 4096):
+        pass
+    supervisor.request_stop(signal.SIGHUP)
+
+
+def result_record(result: JobResult, host: str, node_rank: int) -> dict[str, Any]:
+    cause = result.root_cause
+    return {
+        "host": host, "node_rank": node_rank, "outcome": result.outcome.value,
+        "exit_code": result.exit_code, "message": result.message,
+        "cause_time": cause.time if cause else result.ended_at,
+        "cause_rank": cause.spec.rank if cause else None,
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""How node 0 reaches the other hosts: one module per engine (ssh, Slurm, OpenMPI).
+
+Each backend answers two questions: which hosts make up the job (``hosts``), and which
+processes start the node agents on them (``agent_launches``). Everything else, the plan, the
+agents and the teardown, is the same for all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Mapping, Optional, Protocol
+
+from launcher.cluster import AgentLaunch
+from launcher.hostfile import HostSelection
+from launcher.plan import LaunchPlan
+
+
+class LauncherKind(str, enum.Enum):
+    """``auto``: slurm inside an allocation, else ssh with a hostfile, else local."""
+
+    AUTO = "auto"
+    LOCAL = "local"
+    SSH = "ssh"
+    SLURM = "slurm"
+    MPI = "mpi"
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportOptions:
+    """What the user said about reaching hosts: ssh port and options, extra srun/mpirun args."""
+
+    ssh_port: Optional[int] = None
+    ssh_options: tuple[str, ...] = ()
+    launcher_args: tuple[str, ...] = ()
+
+
+class Backend(Protocol):
+    kind: LauncherKind
+
+    def hosts(self) -> list[HostSelection]:
+        """The job's hosts in node-rank order, with the cards each may use."""
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+        """The processes that start every node's agent, fed ``payload``."""
+
+
+def choose_kind(requested: LauncherKind, environ: Mapping[str, str],
+                has_hostfile: bool) -> LauncherKind:
+    if requested is not LauncherKind.AUTO:
+        return requested
+    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_JOB_NODELIST"):
+        return LauncherKind.SLURM
+    return LauncherKind.SSH if has_hostfile else LauncherKind.LOCAL

@@ -1,0 +1,36 @@
+"""Pieces the backends share: the agent's command line and its spec."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+from launcher import contract
+from launcher.plan import LaunchPlan, ProcessSpec, Role
+
+AGENT_MODULE = "launcher.agent"
+
+
+def agent_argv(python: str, plan_source: str, node_rank: Optional[int]) -> list[str]:
+    argv = [python, "-m", AGENT_MODULE, "--plan", plan_source]
+    return argv + (["--node-rank", str(node_rank)] if node_rank is not None else [])
+
+
+def agent_spec(plan: LaunchPlan, host: str, node_rank: int, argv: Sequence[str]) -> ProcessSpec:
+    """Node 0's record of one agent process; its output is kept in ``agents/<host>.log``."""
+    return ProcessSpec(role=Role.AGENT, rank=None, host=host, node_rank=node_rank,
+                       local_rank=None, device_id=None,
+                       log_path=os.path.join(plan.log_dir, "agents", f"{host}.log"),
+                       env={contract.JOB_ID: plan.job_id}, argv=tuple(argv))
+
+
+def write_payload_file(plan: LaunchPlan, payload: bytes) -> str:
+    """srun and mpirun start all agents with one command line: the plan goes by file, which
+    every host must see at the same path (the job's log dir on a shared file system)."""
+    path = os.path.join(plan.log_dir, "agent_payload.json")
+    with open(path, "wb") as f:
+        f.write(payload)
+    return path
+
+
+def python_of(plan: LaunchPlan) -> str:
+    return plan.ranks[0].argv[0]

@@ -1,0 +1,31 @@
+"""OpenMPI: one ``mpirun`` starts an agent on every host of the hostfile (one process each)."""
+from __future__ import annotations
+
+import os
+
+from launcher.backends import LauncherKind, TransportOptions
+from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
+from launcher.cluster import AgentLaunch
+from launcher.hostfile import HostSelection
+from launcher.plan import LaunchPlan
+
+
+class MpiBackend:
+    kind = LauncherKind.MPI
+
+    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
+        self._hosts = hosts
+        self._options = options
+
+    def hosts(self) -> list[HostSelection]:
+        return self._hosts
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+        hosts = ",".join(f"{h.host}:1" for h in self._hosts)
+        argv = ["mpirun", "-np", str(len(self._hosts)), "--host", hosts,
+                "--map-by", "ppr:1:node", "-wdir", plan.workdir]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += [*self._options.launcher_args,
+                 *agent_argv(python_of(plan), write_payload_file(plan, payload), None)]
+        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv), None)]

@@ -1,0 +1,53 @@
+"""Slurm: inside an allocation, one ``srun`` starts an agent on every node (one task each)."""
+from __future__ import annotations
+
+import subprocess
+from typing import Mapping, Optional
+
+from launcher.backends import LauncherKind, TransportOptions
+from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
+from launcher.cluster import AgentLaunch
+from launcher.errors import ConfigError
+from launcher.hostfile import HostSelection
+from launcher.plan import LaunchPlan
+
+
+def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
+    """The allocation's node names, expanded by ``scontrol`` (``node[1-3]`` -> 3 names)."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ConfigError("--launcher slurm: not inside a Slurm allocation "
+                          "(SLURM_JOB_NODELIST is not set)")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, check=True, env=dict(environ)).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ConfigError(f"--launcher slurm: cannot expand {nodelist!r} with scontrol: "
+                          f"{getattr(e, 'stderr', '') or e}".strip()) from None
+    return out.split()
+
+
+class SlurmBackend:
+    kind = LauncherKind.SLURM
+
+    def __init__(self, environ: Mapping[str, str], cards: int, nnodes: Optional[int],
+                 options: TransportOptions) -> None:
+        names = allocation_hosts(environ)
+        if nnodes is not None:
+            if nnodes > len(names):
+                raise ConfigError(f"--nnodes {nnodes}: the allocation has {len(names)} node(s)")
+            names = names[:nnodes]
+        self._hosts = [HostSelection(name, None, tuple(range(cards))) for name in names]
+        self._options = options
+
+    def hosts(self) -> list[HostSelection]:
+        return self._hosts
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+        n = len(self._hosts)
+        argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(h.host for h in self._hosts)}", "--kill-on-bad-exit=1",
+                f"--chdir={plan.workdir}", f"--job-name=npu-launch-{plan.job_id}",
+                *self._options.launcher_args,
+                *agent_argv(python_of(plan), write_payload_file(plan, payload), None)]
+        return [AgentLaunch(agent_spec(plan, "srun", 0, argv), None)]

@@ -1,0 +1,43 @@
+"""ssh: one agent per host, each an ``ssh`` client fed the plan on stdin (OpenSSH, BatchMode)."""
+from __future__ import annotations
+
+import shlex
+from typing import Optional, Sequence
+
+from launcher.backends import LauncherKind, TransportOptions
+from launcher.backends.common import agent_argv, agent_spec, python_of
+from launcher.cluster import AgentLaunch
+from launcher.hostfile import HostSelection
+from launcher.plan import LaunchPlan
+
+
+def ssh_argv(host: str, user: Optional[str], remote: Sequence[str], workdir: str,
+             options: TransportOptions) -> list[str]:
+    """``ssh`` running ``remote`` in ``workdir`` on ``host``. The remote side is a shell, so
+    every word is quoted; the host and user come from a validated hostfile."""
+    command = f"cd {shlex.quote(workdir)} && exec {shlex.join(remote)}"
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    if options.ssh_port is not None:
+        argv += ["-p", str(options.ssh_port)]
+    for option in options.ssh_options:
+        argv += shlex.split(option)
+    return argv + [f"{user}@{host}" if user else host, command]
+
+
+class SshBackend:
+    kind = LauncherKind.SSH
+
+    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
+        self._hosts = hosts
+        self._options = options
+
+    def hosts(self) -> list[HostSelection]:
+        return self._hosts
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+        launches = []
+        for node_rank, host in enumerate(self._hosts):
+            remote = agent_argv(python_of(plan), "-", node_rank)
+            argv = ssh_argv(host.host, host.user, remote, plan.workdir, self._options)
+            launches.append(AgentLaunch(agent_spec(plan, host.host, node_rank, argv), payload))
+        return launches

@@ -1,0 +1,51 @@
+"""The environment a multi-node job carries to other hosts.
+
+A remote rank starts from its host's login environment; on top of that it gets what node 0's
+environment holds under the prefixes below, then ``.npu_launch_env`` (``KEY=VALUE`` lines,
+``#`` comments; in the launch directory, else the home directory), then ``--env``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from launcher.errors import ConfigError
+
+FORWARDED_PREFIXES = ("MS_", "HCCL_", "ASCEND_", "PYTHON", "NPU_LAUNCH_", "GLOG_", "OMP_",
+                      "LD_LIBRARY_PATH")
+ENV_FILE = ".npu_launch_env"
+# Set per process by the plan itself; node 0's values would be wrong elsewhere.
+_NOT_FORWARDED = ("PYTHONPATH",)
+
+
+def forwarded_env(environ: Mapping[str, str], workdir: str) -> dict[str, str]:
+    env = {k: v for k, v in environ.items()
+           if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+    path = env_file_path(workdir)
+    if path:
+        env.update(read_env_file(path))
+    return env
+
+
+def env_file_path(workdir: str) -> str:
+    for folder in (workdir or ".", os.path.expanduser("~")):
+        path = os.path.join(folder, ENV_FILE)
+        if os.path.isfile(path):
+            return path
+    return ""
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """``KEY=VALUE`` per line; the value is kept as written, spaces and quotes included."""
+    env = {}
+    with open(path) as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            key = key.strip()
+            if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {line.strip()!r}")
+            env[key] = value
+    return env

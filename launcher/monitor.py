@@ -1,0 +1,448 @@
+"""Watching a running job from the host: metrics.jsonl, a status display, stalls, summary.json.
+
+The supervisor hands every rank event to ``JobMonitor.on_event`` (local ranks from their events
+files, remote ranks through the same callback) and calls ``tick`` about every 20 ms. The monitor
+appends each record to ``<log_dir>/metrics.jsonl``, folds it into per-rank state and, at the end,
+writes ``<log_dir>/summary.json``.
+
+Status display. On a terminal (``live``) the table sits in the bottom rows of the screen, below a
+scroll region (DECSTBM, as apt's progress bar does) that holds everything else: rank lines scroll
+above it and are never overwritten, whoever writes them and whenever, and the table is redrawn in
+place at most once a second. ``close`` lifts the region, erases the table and prints its last
+state once as ordinary lines. The caller decides ``live`` (a TTY whose ``TERM`` is not ``dumb``).
+Elsewhere (a log file, CI) the monitor prints one plain line at most every 10 s, and only once
+new step events came in since the last one.
+
+Stalls. With a hang timeout, a rank is stalled once it made no progress (no step event; before
+its first one, its ``initialised`` event) for longer than the timeout while some other rank
+stepped within that window. Times are the monitor's clock when a record arrived, not the
+rank's own ``time``, so clock skew between hosts cannot fake or hide a stall. Nothing is flagged
+before any rank has stepped: start-up belongs to the supervisor's start-up timeout.
+
+Every method holds one lock, so remote records may arrive from another thread.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
+
+from launcher import contract
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+EVENT_EVAL = "eval"
+EVENT_EXITED = "exited"
+"""The monitor's own record in metrics.jsonl when a local rank exits (``returncode``)."""
+EVENT_JOB = "job"
+"""The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
+
+_LIVE_INTERVAL = 1.0
+_PLAIN_INTERVAL = 5.0
+_STALL_CHECK_INTERVAL = 0.5
+_MAX_TABLE_ROWS = 8
+_LABEL_WIDTH = 24
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """A rank that stopped making progress while others went on."""
+
+    rank: int
+    host: str
+    last_step: Optional[int]
+    silent_for: float
+
+
+def describe_stall(stall: Stall, job_id: str) -> str:
+    """The block printed when the job is stopped because of ``stall``."""
+    where = (f"at step {stall.last_step}" if stall.last_step is not None
+             else "before its first step")
+    return (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled {where}: "
+            f"no progress for {stall.silent_for:.0f} s while other ranks advanced")
+
+
+@dataclasses.dataclass
+class RankState:
+    """What one rank has reported so far; it folds that rank's records in arrival order.
+
+    ``*_at`` fields are the monitor's clock when a record arrived; ``last_event_time`` is the
+    rank's own clock.
+    """
+
+    rank: int
+    host: str
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+    loss: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    final_loss: Optional[float] = None
+    eval: Optional[dict[str, Any]] = None
+    last_event: str = ""
+    last_event_time: Optional[float] = None
+    seen_at: Optional[float] = None
+    progress_at: Optional[float] = None
+    stepped_at: Optional[float] = None
+    finished: bool = False
+    exited: bool = False
+    exit_code: Optional[int] = None
+
+    @property
+    def done(self) -> bool:
+        """Finished training or gone: no longer expected to make progress."""
+        return self.finished or self.exited
+
+    def to_summary(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "exit_code": self.exit_code,
+                "steps": self.step, "final_loss": self.final_loss if self.final_loss is not None
+                else self.loss, "samples_per_s": self.samples_per_s, "eval": self.eval,
+                "last_event": self.last_event, "last_event_time": self.last_event_time}
+
+
+class JobState:
+    """Every rank's state and the checkpoints written, folded from event records."""
+
+    def __init__(self, ranks: Mapping[int, str]) -> None:
+        self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
+        self.checkpoints: list[dict[str, Any]] = []
+
+    def apply(self, record: Mapping[str, Any], seen_at: float) -> None:
+        """Fold one record in; records without a usable rank are ignored."""
+        rank = as_int(record.get("rank"))
+        if rank is None:
+            return
+        state = self._rank(rank, record)
+        kind = str(record.get("event", ""))
+        state.last_event, state.seen_at = kind, seen_at
+        state.last_event_time = as_float(record.get("time"))
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, state, record, seen_at)
+
+    def exited(self, rank: int, returncode: Optional[int]) -> None:
+        state = self._rank(rank, {})
+        state.exited, state.exit_code = True, returncode
+
+    def summary(self) -> dict[str, Any]:
+        """The per-rank and job-wide fields of summary.json."""
+        rates = [s.samples_per_s for s in self.ranks.values() if s.samples_per_s is not None]
+        steps = [s.step for s in self.ranks.values() if s.step is not None]
+        return {"world_size": len(self.ranks),
+                "global_samples_per_s": sum(rates) if rates else None,
+                "last_step": max(steps, default=None),
+                "ranks": [s.to_summary() for s in self.ranks.values()],
+                "checkpoints": list(self.checkpoints)}
+
+    def _rank(self, rank: int, record: Mapping[str, Any]) -> RankState:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankState(rank, str(record.get("host", "?")))
+            self.ranks = dict(sorted(self.ranks.items()))
+        return self.ranks[rank]
+
+
+def _on_initialised(job: JobState, state: RankState, record: Mapping[str, Any],
+                    seen_at: float) -> None:
+    if state.progress_at is None:
+        state.progress_at = seen_at
+
+
+def _on_step(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
+    state.step = as_int(record.get("step"), state.step)
+    state.epoch = as_int(record.get("epoch"), state.epoch)
+    state.loss = as_float(record.get("loss"), state.loss)
+    state.samples_per_s = as_float(record.get("samples_per_s"), state.samples_per_s)
+    state.progress_at = state.stepped_at = seen_at
+
+
+def _on_checkpoint(job: JobState, state: RankState, record: Mapping[str, Any],
+                   seen_at: float) -> None:
+    job.checkpoints.append({"rank": state.rank, "step": as_int(record.get("step")),
+                            "path": record.get("path"), "time": state.last_event_time})
+
+
+def _on_finished(job: JobState, state: RankState, record: Mapping[str, Any],
+                 seen_at: float) -> None:
+    state.finished = True
+    state.step = as_int(record.get("steps"), state.step)
+    state.final_loss = as_float(record.get("final_loss"), state.final_loss)
+    state.samples_per_s = as_float(record.get("samples_per_s"), state.samples_per_s)
+
+
+def _on_eval(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
+    state.eval = {k: v for k, v in record.items() if k not in ("event", "rank", "host", "pid")}
+
+
+def _on_exited(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
+    state.exited, state.exit_code = True, as_int(record.get("returncode"))
+
+
+_HANDLERS: dict[str, Callable[[JobState, RankState, Mapping[str, Any], float], None]] = {
+    contract.EVENT_INITIALISED: _on_initialised,
+    contract.EVENT_STEP: _on_step,
+    contract.EVENT_CHECKPOINT: _on_checkpoint,
+    contract.EVENT_FINISHED: _on_finished,
+    EVENT_EVAL: _on_eval,
+    EVENT_EXITED: _on_exited,
+}
+
+
+def find_stall(ranks: Iterable[RankState], now: float, timeout: float) -> Optional[Stall]:
+    """The rank silent longest beyond ``timeout`` while another stepped within it, if any."""
+    states = list(ranks)
+    recent = {s.rank for s in states if s.stepped_at is not None and now - s.stepped_at <= timeout}
+    silent = [s for s in states if not s.done and s.progress_at is not None
+              and now - s.progress_at > timeout and recent - {s.rank}]
+    if not silent:
+        return None
+    worst = min(silent, key=lambda s: (s.progress_at, s.rank))
+    return Stall(worst.rank, worst.host, worst.step, now - worst.progress_at)  # type: ignore[operator]
+
+
+def status_line(ranks: Iterable[RankState]) -> Optional[str]:
+    """``step 120 | loss 0.31 | 1543 samples/s | slowest rank 3``, or None before any step."""
+    stepped = [s for s in ranks if s.step is not None]
+    if not stepped:
+        return None
+    steps = sorted(s.step for s in stepped)  # type: ignore[type-var]
+    parts = [f"step {steps[0]}" if steps[0] == steps[-1] else f"step {steps[0]}-{steps[-1]}"]
+    losses = [s.loss for s in stepped if s.loss is not None]
+    if losses:
+        parts.append(f"loss {_number(sum(losses) / len(losses))}")
+    rated = [s for s in stepped if s.samples_per_s is not None]
+    if rated:
+        parts.append(f"{sum(s.samples_per_s for s in rated):.0f} samples/s")  # type: ignore[misc]
+    if len(rated) > 1:
+        parts.append(f"slowest rank {min(rated, key=lambda s: s.samples_per_s).rank}")  # type: ignore[arg-type, return-value]
+    return " | ".join(parts)
+
+
+def status_table(job_id: str, ranks: Mapping[int, RankState], now: float,
+                 started: float) -> list[str]:
+    """The live table: a title, a header and one row per rank (the furthest behind if many)."""
+    shown = _rows_to_show(ranks.values(), now)
+    title = f"npu-launch job {job_id}  {now - started:.0f} s"
+    line = status_line(ranks.values())
+    lines = [title + (f"  |  {line}" if line else ""),
+             f"{'rank':<{_LABEL_WIDTH}} {'step':>8} {'loss':>10} {'samples/s':>10} "
+             f"{'last event':>12} {'ago':>6}"]
+    lines += [_table_row(s, now) for s in shown]
+    if len(ranks) > len(shown):
+        lines.append(f"... and {len(ranks) - len(shown)} more ranks (showing the furthest behind)")
+    return lines
+
+
+def table_height(nranks: int) -> int:
+    """Lines ``status_table`` draws for ``nranks`` ranks."""
+    return 2 + min(nranks, _MAX_TABLE_ROWS) + (1 if nranks > _MAX_TABLE_ROWS else 0)
+
+
+def _rows_to_show(states: Iterable[RankState], now: float) -> list[RankState]:
+    states = list(states)
+    if len(states) <= _MAX_TABLE_ROWS:
+        return states
+    behind = sorted(states, key=lambda s: (s.step if s.step is not None else -1,
+                                           -(now - s.seen_at) if s.seen_at else -math.inf))
+    return sorted(behind[:_MAX_TABLE_ROWS], key=lambda s: s.rank)
+
+
+def _table_row(s: RankState, now: float) -> str:
+    label = f"{s.host}:{s.rank}"[-_LABEL_WIDTH:]
+    step = "-" if s.step is None else str(s.step)
+    loss = "-" if s.loss is None else _number(s.loss)
+    rate = "-" if s.samples_per_s is None else f"{s.samples_per_s:.1f}"
+    event = f"exit {s.exit_code}" if s.exited else (s.last_event[:12] or "-")
+    ago = "-" if s.seen_at is None else f"{max(now - s.seen_at, 0.0):.0f} s"
+    return f"{label:<{_LABEL_WIDTH}} {step:>8} {loss:>10} {rate:>10} {event:>12} {ago:>6}"
+
+
+class _Footer:
+    """A block of lines pinned to the bottom of a terminal, below a scroll region."""
+
+    def __init__(self, stream: TextIO, height: int) -> None:
+        self._stream = stream
+        self._height = height
+        self._size: Optional[tuple[int, int]] = None
+
+    def draw(self, lines: list[str]) -> None:
+        columns, rows = _terminal_size(self._stream)
+        if rows < self._height + 3:
+            return  # too small a terminal to give up the rows; rank lines matter more
+        out = []
+        if self._size != (columns, rows):
+            out.append(self._reserve(rows))
+            self._size = (columns, rows)
+        top = rows - self._height + 1
+        body = "".join(f"\x1b[{top + i};1H\x1b[2K{line[:columns - 1]}"
+                       for i, line in enumerate(lines[:self._height]))
+        out.append(f"\x1b7{body}\x1b8")
+        _write(self._stream, "".join(out))
+
+    def close(self, final: list[str]) -> None:
+        """Give the rows back and leave ``final`` as ordinary lines."""
+        if self._size is not None:
+            top = self._size[1] - self._height + 1
+            _write(self._stream, f"\x1b7\x1b[r\x1b[{top};1H\x1b[J\x1b8")
+            self._size = None
+        _write(self._stream, "".join(line + "\n" for line in final))
+
+    def _reserve(self, rows: int) -> str:
+        # Newlines first push what is on screen up out of the rows the table will take; setting
+        # the region homes the cursor, so it is saved and restored around that.
+        h = self._height
+        return "\n" * h + f"\x1b[{h}A\x1b7\x1b[1;{rows - h}r\x1b8"
+
+
+class JobMonitor:
+    """Per-rank state of a running job, its metrics file, status display and stall check."""
+
+    def __init__(self, log_dir: str, job_id: str, ranks: Mapping[int, str], stream: TextIO,
+                 live: bool, hang_timeout: Optional[float] = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._log_dir = log_dir
+        self._job_id = job_id
+        self._stream = stream
+        self._hang_timeout = hang_timeout if hang_timeout and hang_timeout > 0 else None
+        self._clock = clock
+        self._state = JobState(ranks)
+        self._lock = threading.Lock()
+        self._started = clock()
+        self._footer = _Footer(stream, table_height(len(ranks))) if live else None
+        self._next_status = self._started
+        self._next_stall_check = self._started
+        self._steps_since_status = False
+        self._dirty = False
+        self._stall: Optional[Stall] = None
+        self._first_stall: Optional[Stall] = None
+        self._summary: Optional[dict[str, Any]] = None
+        os.makedirs(log_dir, exist_ok=True)
+        self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "w")
+        self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
+                      "ranks": {str(r): h for r, h in sorted(ranks.items())}})
+
+    def on_event(self, record: dict) -> None:
+        """Append ``record`` to metrics.jsonl and fold it into the rank's state."""
+        with self._lock:
+            self._append(record)
+            self._state.apply(record, self._clock())
+            if record.get("event") == contract.EVENT_STEP:
+                self._steps_since_status = True
+
+    def on_exit(self, rank: int, returncode: Optional[int]) -> None:
+        """A local rank's process ended (``returncode`` None: unknown)."""
+        with self._lock:
+            host = self._state.ranks[rank].host if rank in self._state.ranks else "?"
+            self._append({"event": EVENT_EXITED, "rank": rank, "host": host,
+                          "returncode": returncode, "time": self._clock()})
+            self._state.exited(rank, returncode)
+
+    def tick(self) -> Optional[Stall]:
+        """Flush metrics, redraw the status when due; the stall, if a rank stalled."""
+        with self._lock:
+            now = self._clock()
+            if self._dirty and self._metrics is not None:
+                self._metrics.flush()
+                self._dirty = False
+            if now >= self._next_status:
+                self._show_status(now)
+            if self._hang_timeout is not None and now >= self._next_stall_check:
+                self._next_stall_check = now + _STALL_CHECK_INTERVAL
+                self._stall = find_stall(self._state.ranks.values(), now, self._hang_timeout)
+                self._first_stall = self._first_stall or self._stall
+            return self._stall
+
+    def close(self, outcome: str, exit_code: int, message: str = "") -> dict:
+        """Finish the display, close metrics.jsonl, write summary.json atomically; return it.
+
+        Closing again returns the first summary unchanged."""
+        with self._lock:
+            if self._summary is None:
+                self._finish_display()
+                if self._metrics is not None:
+                    self._metrics.close()
+                    self._metrics = None
+                self._summary = self._build_summary(outcome, exit_code, message)
+                _write_json_atomically(os.path.join(self._log_dir, SUMMARY_FILE), self._summary)
+            return self._summary
+
+    def _append(self, record: Mapping[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.write(json.dumps(record, default=str) + "\n")
+            self._dirty = True
+
+    def _show_status(self, now: float) -> None:
+        if self._footer is not None:
+            self._next_status = now + _LIVE_INTERVAL
+            self._footer.draw(status_table(self._job_id, self._state.ranks, now, self._started))
+        elif self._steps_since_status:
+            line = status_line(self._state.ranks.values())
+            if line is not None:
+                self._next_status = now + _PLAIN_INTERVAL
+                self._steps_since_status = False
+                _write(self._stream, f"npu-launch: {line}\n")
+
+    def _finish_display(self) -> None:
+        if self._footer is not None:
+            now = self._clock()
+            self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
+
+    def _build_summary(self, outcome: str, exit_code: int, message: str) -> dict[str, Any]:
+        ended = self._clock()
+        return {"job_id": self._job_id, "outcome": str(getattr(outcome, "value", outcome)),
+                "exit_code": exit_code, "message": message, "started_at": self._started,
+                "ended_at": ended, "duration_s": ended - self._started,
+                "stall": dataclasses.asdict(self._first_stall) if self._first_stall else None,
+                **self._state.summary()}
+
+
+def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # a closed or broken console must not take the job down with it
+
+
+def _terminal_size(stream: TextIO) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return size.columns, size.lines
+    except (AttributeError, OSError, ValueError):
+        return 80, 24
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def as_int(value: Any, default: Optional[int] = None) -> Optional[int]:
+    """A record field as an int, or ``default`` when it is missing or not a number."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def as_float(value: Any, default: Optional[float] = None) -> Optional[float]:
+    """A record field as a float, or ``default`` when it is missing or not a number."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
