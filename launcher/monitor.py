@@ -42,7 +42,7 @@ EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
 
 _LIVE_INTERVAL = 1.0
-_PLAIN_INTERVAL = 5.0
+_PLAIN_INTERVAL = 10.0
 _STALL_CHECK_INTERVAL = 0.5
 _MAX_TABLE_ROWS = 8
 _LABEL_WIDTH = 24

@@ -1,0 +1,423 @@
+"""JobMonitor: metrics.jsonl, summary.json, stall detection and the status display, fed with
+real event records (and, once, with the real rank-side writer in another process)."""
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from conftest import REPO, wait_for
+from launcher.events import EventTail
+from launcher.failures import Outcome
+from launcher.monitor import (EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobMonitor,
+                              Stall, describe_stall, table_height)
+
+HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}
+
+
+class FakeClock:
+    """The monitor's injectable clock, moved by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingStream(io.StringIO):
+    """A console that counts ``write`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def record(event: str, rank: int, t: float, **fields: object) -> dict:
+    return {"event": event, "rank": rank, "host": HOSTS.get(rank, "elsewhere"), "pid": 100 + rank,
+            "time": t, **fields}
+
+
+def step(rank: int, t: float, n: int, loss: float = 0.5, rate: float = 100.0) -> dict:
+    return record("step", rank, t, step=n, epoch=0, loss=loss, samples_per_s=rate,
+                  loss_scale=1024.0)
+
+
+def make_monitor(log_dir: Path, clock: FakeClock, stream: Optional[io.StringIO] = None,
+                 live: bool = False, hang_timeout: Optional[float] = None,
+                 ranks: Optional[dict] = None) -> JobMonitor:
+    return JobMonitor(str(log_dir), "job-1", HOSTS if ranks is None else ranks,
+                      stream if stream is not None else io.StringIO(), live,
+                      hang_timeout=hang_timeout, clock=clock)
+
+
+def metrics(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_dir / METRICS_FILE).read_text().splitlines()]
+
+
+# metrics.jsonl and summary.json ---------------------------------------------------------------
+
+def test_metrics_jsonl_holds_every_record_in_arrival_order(weird_tmp: Path) -> None:
+    clock = FakeClock()
+    monitor = make_monitor(weird_tmp, clock)
+    records = [record("started", 0, 1.0, role="MS_WORKER"), record("initialised", 0, 2.0),
+               step(0, 3.0, 1), record("custom", 2, 3.5, note="ünïcode"), {"event": "no rank"}]
+    for r in records:
+        monitor.on_event(r)
+    monitor.on_exit(0, 0)
+    monitor.tick()  # flushes; the file stays open for more
+
+    lines = metrics(weird_tmp)
+    assert lines[0] == {"event": EVENT_JOB, "job_id": "job-1", "time": 1000.0,
+                        "ranks": {str(r): h for r, h in HOSTS.items()}}
+    assert lines[1:6] == records
+    assert lines[6] == {"event": EVENT_EXITED, "rank": 0, "host": "node-a", "returncode": 0,
+                        "time": 1000.0}
+    monitor.on_event(step(0, 4.0, 2))
+    monitor.close("succeeded", 0)
+    assert metrics(weird_tmp)[-1] == step(0, 4.0, 2)
+
+
+def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path) -> None:
+    clock = FakeClock(1000.0)
+    monitor = make_monitor(weird_tmp, clock)
+    for rank in HOSTS:
+        monitor.on_event(record("initialised", rank, 1001.0))
+        monitor.on_event(step(rank, 1002.0, 10, loss=0.9, rate=50.0 + rank))
+    monitor.on_event(record("checkpoint", 0, 1003.0, step=10, path="/ckpt/step_10/rank_0.ckpt"))
+    monitor.on_event(record("checkpoint", 1, 1003.1, step=10, path="/ckpt/step_10/rank_1.ckpt"))
+    for rank in (0, 1, 2):
+        monitor.on_event(record("finished", rank, 1004.0 + rank, steps=20, final_loss=0.25,
+                                samples_per_s=60.0 + rank))
+        monitor.on_exit(rank, 0)
+    monitor.on_exit(3, -9)  # rank 3 never finished: its last step stands
+    clock.now = 1010.5
+
+    summary = monitor.close(Outcome.FAILED, 137, "rank 3 was killed")
+
+    assert json.loads((weird_tmp / SUMMARY_FILE).read_text()) == summary
+    assert [p.name for p in weird_tmp.iterdir() if ".tmp" in p.name] == []
+    assert (summary["job_id"], summary["outcome"], summary["exit_code"]) == ("job-1", "failed", 137)
+    assert (summary["started_at"], summary["ended_at"], summary["duration_s"]) == (1000.0, 1010.5,
+                                                                                   10.5)
+    assert summary["message"] == "rank 3 was killed"
+    by_rank = {r["rank"]: r for r in summary["ranks"]}
+    assert by_rank[1] == {"rank": 1, "host": "node-a", "exit_code": 0, "steps": 20,
+                          "final_loss": 0.25, "samples_per_s": 61.0, "eval": None,
+                          "last_event": "finished", "last_event_time": 1005.0}
+    assert by_rank[3] == {"rank": 3, "host": "node b", "exit_code": -9, "steps": 10,
+                          "final_loss": 0.9, "samples_per_s": 53.0, "eval": None,
+                          "last_event": "step", "last_event_time": 1002.0}
+    assert summary["global_samples_per_s"] == pytest.approx(60 + 61 + 62 + 53)
+    assert summary["last_step"] == 20 and summary["world_size"] == 4
+    assert summary["checkpoints"] == [
+        {"rank": 0, "step": 10, "path": "/ckpt/step_10/rank_0.ckpt", "time": 1003.0},
+        {"rank": 1, "step": 10, "path": "/ckpt/step_10/rank_1.ckpt", "time": 1003.1}]
+    assert summary["stall"] is None
+
+
+def test_missing_and_odd_fields_are_tolerated(weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a"})
+    monitor.on_event({"event": "step", "rank": 0})
+    monitor.on_event({"event": "step", "rank": "0", "step": "7", "loss": None,
+                      "samples_per_s": "fast"})
+    monitor.on_event({"event": "finished", "rank": 0, "final_loss": None})
+    monitor.on_event({"event": "step", "rank": "zero", "step": 9})
+    monitor.on_event({"rank": 5, "host": "remote-host", "time": "noon"})
+
+    ranks = {r["rank"]: r for r in monitor.close("succeeded", 0)["ranks"]}
+    assert (ranks[0]["steps"], ranks[0]["final_loss"], ranks[0]["samples_per_s"]) == (7, None, None)
+    assert ranks[5]["host"] == "remote-host"  # a rank the mapping did not name: a remote one
+    assert len(metrics(weird_tmp)) == 6
+
+
+def test_eval_event_fields_reach_the_summary(weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a"})
+    monitor.on_event(record("eval", 0, 5.0, epoch=3, accuracy=0.97, loss=0.1))
+    assert monitor.close("succeeded", 0)["ranks"][0]["eval"] == {"time": 5.0, "epoch": 3,
+                                                                 "accuracy": 0.97, "loss": 0.1}
+
+
+def test_close_twice_keeps_the_first_summary(weird_tmp: Path) -> None:
+    clock = FakeClock()
+    monitor = make_monitor(weird_tmp, clock)
+    first = monitor.close("succeeded", 0)
+    clock.now += 50
+    assert monitor.close("failed", 1) == first
+    assert json.loads((weird_tmp / SUMMARY_FILE).read_text())["outcome"] == "succeeded"
+
+
+# Stalls --------------------------------------------------------------------------------------
+
+def run_steps(monitor: JobMonitor, clock: FakeClock, ranks: tuple[int, ...], start: float,
+              end: float, every: float = 1.0) -> Optional[Stall]:
+    """Ranks in ``ranks`` step once every ``every`` seconds, the monitor ticking after each
+    round; the first stall it reports, if any."""
+    n = 0
+    clock.now = start
+    while clock.now <= end:
+        n += 1
+        for rank in ranks:
+            monitor.on_event(step(rank, clock.now, n))
+        stall = monitor.tick()
+        if stall is not None:
+            return stall
+        clock.now += every
+    return None
+
+
+def initialise(monitor: JobMonitor, clock: FakeClock) -> None:
+    for rank in HOSTS:
+        monitor.on_event(record("initialised", rank, clock.now))
+
+
+def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=30)
+    initialise(monitor, clock)
+    assert run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 12.0) is None
+    # rank 2 went quiet after step 12 (at t=12); the others go on.
+    assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0) is None  # silent 30 s: not yet
+    clock.now = 42.5
+    stall = monitor.tick()
+    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5)
+    assert describe_stall(stall, "job-1") == (
+        "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
+        "30 s while other ranks advanced")
+    assert monitor.close("stalled", 1)["stall"] == {"rank": 2, "host": "node b", "last_step": 12,
+                                                   "silent_for": 30.5}
+
+
+def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=20)
+    initialise(monitor, clock)
+    stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0)
+    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0)
+    assert "stalled before its first step" in describe_stall(stall, "job-1")
+
+
+def test_no_stall_when_every_rank_is_silent(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=30)
+    initialise(monitor, clock)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 10.0)
+    for t in (45.0, 100.0, 1000.0):  # a long evaluation, say: nobody steps
+        clock.now = t
+        assert monitor.tick() is None
+
+
+def test_no_stall_before_any_rank_has_stepped(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=5)
+    monitor.on_event(record("initialised", 0, 0.0))
+    clock.now = 500.0
+    monitor.on_event(record("initialised", 1, 500.0))
+    assert monitor.tick() is None
+
+
+def test_finished_or_exited_ranks_are_not_stalled(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=10)
+    initialise(monitor, clock)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 3.0)
+    monitor.on_event(record("finished", 2, clock.now, steps=3))
+    monitor.on_exit(3, 0)
+    assert run_steps(monitor, clock, (0, 1), 4.0, 40.0) is None
+
+
+def test_without_a_hang_timeout_nothing_stalls(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock, hang_timeout=None)
+    initialise(monitor, clock)
+    assert run_steps(monitor, clock, (0,), 1.0, 500.0, every=5.0) is None
+
+
+# Status display ------------------------------------------------------------------------------
+
+def test_plain_status_line_at_most_every_ten_seconds(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = CountingStream()
+    monitor = make_monitor(weird_tmp, clock, stream=out)
+    initialise(monitor, clock)
+    for _ in range(100):  # 2 s of ticks before any step: nothing to say
+        monitor.tick()
+        clock.now += 0.02
+    assert out.getvalue() == ""
+
+    for rank, rate in zip(HOSTS, (400.0, 390.0, 410.0, 343.0)):
+        monitor.on_event(step(rank, clock.now, 120, loss=0.31, rate=rate))
+    monitor.tick()
+    assert out.getvalue() == "npu-launch: step 120 | loss 0.31 | 1543 samples/s | slowest rank 3\n"
+
+    run_steps(monitor, clock, (0, 1, 2, 3), clock.now + 0.5, clock.now + 25.0, every=0.5)
+    assert out.getvalue().count("\n") == 3  # at t=2, 12, 22: never closer than 10 s
+
+    for _ in range(1000):  # 20 s of ticks: one line for the steps of t=22.5..27, then quiet
+        monitor.tick()
+        clock.now += 0.02
+    assert out.getvalue().count("\n") == 4 and out.writes == 4
+
+
+def test_live_table_is_redrawn_at_most_once_a_second(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = CountingStream()
+    monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
+    initialise(monitor, clock)
+    for i in range(250):  # 5 s of 20 ms ticks, a step event from every rank every tick
+        for rank in HOSTS:
+            monitor.on_event(step(rank, clock.now, i))
+        monitor.tick()
+        clock.now += 0.02
+    assert out.writes == 5  # t = 0, 1, 2, 3, 4 (t=5 is past the last tick)
+
+    draws = out.getvalue()
+    height, rows = table_height(len(HOSTS)), 24  # a StringIO has no size: 80x24 is assumed
+    assert draws.count("\x1b[1;%dr" % (rows - height)) == 1  # the scroll region, set once
+    body = draws.split("\x1b8", 1)[1]
+    assert body.startswith("\x1b7") and body.endswith("\x1b8")
+    assert f"\x1b[{rows - height + 1};1H" in body and "\n" not in body  # only the bottom rows
+
+
+def test_live_close_lifts_the_region_and_leaves_the_final_table(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
+    monitor.on_event(step(2, 0.0, 7, loss=1.5, rate=12.0))
+    monitor.tick()
+    clock.now = 3.0
+    monitor.close("succeeded", 0)
+    closing = out.getvalue().rsplit("\x1b[r", 1)[1]
+    lines = closing.split("\x1b8", 1)[1].splitlines()
+    assert lines[0].startswith("npu-launch job job-1  3 s  |  step 7")
+    assert lines[2].split() == ["node-a:0", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["node", "b:2", "7", "1.5", "12.0", "step", "3", "s"]
+
+
+def test_live_table_follows_a_real_terminal_and_its_resizes(weird_tmp: Path) -> None:
+    master, slave = os.openpty()
+    set_size(slave, rows=30, columns=100)
+    stream = open(slave, "w", closefd=True)
+    clock = FakeClock(0.0)
+    try:
+        monitor = make_monitor(weird_tmp, clock, stream=stream, live=True, ranks={0: "n", 1: "n"})
+        monitor.tick()
+        first = read_pty(master)
+        set_size(slave, rows=40, columns=100)
+        clock.now = 1.0
+        monitor.tick()
+        second = read_pty(master)
+        monitor.close("succeeded", 0)
+        closing = read_pty(master)
+    finally:
+        stream.close()
+        os.close(master)
+    assert "\x1b[1;26r" in first and "\x1b[27;1H" in first  # 30 rows less a 4-line table
+    assert "\x1b[1;36r" in second and "\x1b[37;1H" in second
+    assert "\x1b[r" in closing and "npu-launch job job-1" in closing
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux as the terminal")
+def test_rank_lines_scroll_above_the_table_in_a_real_terminal(weird_tmp: Path) -> None:
+    script = weird_tmp / "show.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys, time
+        from launcher.monitor import JobMonitor
+        m = JobMonitor(sys.argv[1], "tmux-job", {{0: "a", 1: "a"}}, sys.stdout, live=True,
+                       clock=iter(range(0, 1000, 2)).__next__)
+        for i in range(30):
+            m.on_event({{"event": "step", "rank": i % 2, "step": i, "loss": 1.0, "time": 0}})
+            sys.stdout.buffer.write(b"[a:0] line %d\\n" % i)
+            sys.stdout.buffer.flush()
+            m.tick()
+        print("DONE", flush=True)
+        sys.stdin.readline()
+        """))
+    session = f"npu-launch-test-{os.getpid()}"
+    command = f"cd {shquote(REPO)} && {shquote(sys.executable)} {shquote(script)} {shquote(weird_tmp)}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "90", "-y", "20", command],
+                   check=True)
+    try:
+        screen = wait_for(lambda: _pane_with(session, "DONE"), "the script in tmux")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    lines = str(screen).splitlines()
+    assert lines[19 - 4 + 1].startswith("npu-launch job tmux-job")  # the table: the last 4 rows
+    assert lines[19].split()[:2] == ["a:1", "29"]
+    shown = [int(l.split()[-1]) for l in lines if l.startswith("[a:0] line")]
+    assert shown == list(range(shown[0], 30)) and len(shown) >= 14  # none overwritten
+
+
+def _pane_with(session: str, marker: str) -> str:
+    out = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                         text=True).stdout
+    return out if marker in out else ""
+
+
+def shquote(value: object) -> str:
+    return "'" + str(value).replace("'", "'\\''") + "'"
+
+
+def set_size(fd: int, rows: int, columns: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
+def read_pty(master: int) -> str:
+    os.set_blocking(master, False)
+    chunks = []
+    while True:
+        try:
+            chunks.append(os.read(master, 65536))
+        except BlockingIOError:
+            return b"".join(chunks).decode()
+
+
+# The real writer -------------------------------------------------------------------------------
+
+def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -> None:
+    events_path = weird_tmp / "events" / "rank_3.jsonl"
+    events_path.parent.mkdir()
+    code = textwrap.dedent("""\
+        from parallel import events
+        events.emit("started", role="MS_WORKER")
+        events.emit("initialised")
+        for n in (1, 2, 3):
+            events.emit("step", step=n, epoch=0, loss=1.0 / n, samples_per_s=250.0, loss_scale=1.0)
+        events.emit("checkpoint", step=3, path="/ckpt/step_3/rank_3.ckpt")
+        events.emit("finished", steps=3, final_loss=0.4, samples_per_s=255.5)
+        """)
+    env = {**os.environ, "NPU_LAUNCH_EVENTS_FILE": str(events_path), "RANK_ID": "3",
+           "RANK_SIZE": "4", "NPU_LAUNCH_HOST": "node b"}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True)
+
+    monitor = make_monitor(weird_tmp, FakeClock())
+    tail = EventTail(str(events_path))
+    for event in tail.read():
+        monitor.on_event(event)
+    monitor.on_exit(3, 0)
+    summary = monitor.close("succeeded", 0)
+
+    written = [json.loads(line) for line in events_path.read_text().splitlines()]
+    assert metrics(weird_tmp)[1:-1] == written
+    assert {e["pid"] for e in written} != {os.getpid()} and written[0]["host"] == "node b"
+    rank3 = summary["ranks"][3]
+    assert (rank3["host"], rank3["steps"], rank3["final_loss"], rank3["samples_per_s"],
+            rank3["exit_code"], rank3["last_event"]) == ("node b", 3, 0.4, 255.5, 0, "finished")
+    assert rank3["last_event_time"] == written[-1]["time"]
+    assert summary["checkpoints"] == [{"rank": 3, "step": 3, "path": "/ckpt/step_3/rank_3.ckpt",
+                                       "time": written[-2]["time"]}]
