@@ -17,9 +17,15 @@ Stalls. With a hang timeout, a rank is stalled once it made no progress (no step
 its first one, its ``initialised`` event) for longer than the timeout while some other rank
 stepped within that window. Times are the monitor's clock when a record arrived, not the
 rank's own ``time``, so clock skew between hosts cannot fake or hide a stall. Nothing is flagged
-before any rank has stepped: start-up belongs to the supervisor's start-up timeout.
+before any rank has stepped: start-up belongs to the supervisor's start-up timeout. The check
+runs at most every 0.5 s; summary.json records the first stall seen. In synchronous data
+parallelism the others block in the next collective soon after one rank hangs, so this names a
+rank only when the others still advance for a while (looser coupling, or a timeout shorter
+than the gap); when every rank goes quiet nothing is flagged, by design (an evaluation looks
+the same).
 
-Every method holds one lock, so remote records may arrive from another thread.
+Every method holds one lock, so remote records may arrive from another thread. ``close`` belongs
+in the supervisor's ``finally``: until it runs, a terminal keeps the scroll region.
 """
 from __future__ import annotations
 
@@ -97,10 +103,12 @@ class RankState:
         return self.finished or self.exited
 
     def to_summary(self) -> dict[str, Any]:
+        """This rank's entry in summary.json; without a ``finished`` loss, the last step's."""
+        final_loss = self.final_loss if self.final_loss is not None else self.loss
         return {"rank": self.rank, "host": self.host, "exit_code": self.exit_code,
-                "steps": self.step, "final_loss": self.final_loss if self.final_loss is not None
-                else self.loss, "samples_per_s": self.samples_per_s, "eval": self.eval,
-                "last_event": self.last_event, "last_event_time": self.last_event_time}
+                "steps": self.step, "final_loss": final_loss, "samples_per_s": self.samples_per_s,
+                "eval": self.eval, "last_event": self.last_event,
+                "last_event_time": self.last_event_time}
 
 
 class JobState:
@@ -124,6 +132,7 @@ class JobState:
             handler(self, state, record, seen_at)
 
     def exited(self, rank: int, returncode: Optional[int]) -> None:
+        """The rank's process ended with ``returncode`` (None: unknown)."""
         state = self._rank(rank, {})
         state.exited, state.exit_code = True, returncode
 
@@ -245,7 +254,7 @@ def _rows_to_show(states: Iterable[RankState], now: float) -> list[RankState]:
     if len(states) <= _MAX_TABLE_ROWS:
         return states
     behind = sorted(states, key=lambda s: (s.step if s.step is not None else -1,
-                                           -(now - s.seen_at) if s.seen_at else -math.inf))
+                                           -(now - s.seen_at) if s.seen_at is not None else -math.inf))
     return sorted(behind[:_MAX_TABLE_ROWS], key=lambda s: s.rank)
 
 

@@ -421,3 +421,17 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     assert rank3["last_event_time"] == written[-1]["time"]
     assert summary["checkpoints"] == [{"rank": 3, "step": 3, "path": "/ckpt/step_3/rank_3.ckpt",
                                        "time": written[-2]["time"]}]
+
+
+def test_live_table_shows_the_ranks_furthest_behind_when_there_are_many(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    ranks = {r: f"h{r // 8}" for r in range(12)}
+    monitor = make_monitor(weird_tmp, clock, stream=out, live=True, ranks=ranks)
+    for rank in ranks:
+        monitor.on_event({"event": "step", "rank": rank, "step": 3 if rank in (5, 9) else 8})
+    monitor.tick()
+    rows = [line.split()[0] for line in out.getvalue().split("\x1b[2K")[3:]]
+    assert len(rows) == table_height(12) - 2 == 9
+    assert {"h0:5", "h1:9"} <= set(rows[:8]) and rows[8] == "..."
+    assert out.getvalue().endswith("... and 4 more ranks (showing the furthest behind)\x1b8")
