@@ -105,13 +105,51 @@ def device_note(level: AmpLevel, dtype: AmpDtype, device_target: str) -> Optiona
 
 
 def apply_amp(network: Any, level: AmpLevel, dtype: AmpDtype) -> Any:
-    """Return ``network`` with ``level`` mixed precision applied (the same object for O0)."""
+    """Return ``network`` with ``level`` mixed precision applied (the same object for O0 and O1).
+
+    O1 is done here, by cells, in place: MindSpore 2.10's own O1 rewrites the network's source
+    into ``./rewritten_network/`` under the current directory and fails (``NameError``) on network
+    classes that are not defined at module level. Functional calls in ``construct``
+    (``ops.matmul``) therefore stay in float32 under O1; O2 and O3 cast them too.
+    """
     if level is AmpLevel.O0:
         return network
     import mindspore as ms
     from mindspore import amp
 
-    return amp.auto_mixed_precision(network, level.value, getattr(ms, dtype.value))
+    ms_dtype = getattr(ms, dtype.value)
+    if level is AmpLevel.O1:
+        _cast_cells(network, _o1_cells(), ms_dtype)
+        return network
+    return amp.auto_mixed_precision(network, level.value, ms_dtype)
+
+
+_O1_CELLS = ("Conv1d", "Conv2d", "Conv3d", "Conv1dTranspose", "Conv2dTranspose", "Conv3dTranspose",
+             "Dense", "LSTMCell", "RNNCell", "GRUCell")
+"""The cell classes in MindSpore's O1 white list (``mindspore.train.amp.AMP_WHITE_LIST``)."""
+
+
+def _o1_cells() -> tuple[type, ...]:
+    from mindspore import nn
+
+    return tuple(getattr(nn, name) for name in _O1_CELLS)
+
+
+def _cast_cells(network: Any, kinds: tuple[type, ...], dtype: Any) -> None:
+    """Run every sub-cell of ``kinds`` in ``dtype`` with its output cast back to float32."""
+    from mindspore import nn
+    from mindspore.train.amp import _OutputTo32
+
+    changed = False
+    for name, cell in network.name_cells().items():
+        if isinstance(cell, kinds):
+            # Through _cells, as MindSpore's own O2 does: setattr would re-prefix parameter names.
+            network._cells[name] = _OutputTo32(cell.to_float(dtype))
+            changed = True
+        else:
+            _cast_cells(cell, kinds, dtype)
+    if changed and isinstance(network, nn.SequentialCell):
+        network.cell_list = list(network.cells())
 
 
 def make_scaler(config: LossScaleConfig) -> Optional[Any]:

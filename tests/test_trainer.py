@@ -298,6 +298,30 @@ def test_amp_levels_train_on_cpu(level: str, caplog: pytest.LogCaptureFixture) -
                       "runs but saves no time (it pays off on Ascend)"])
 
 
+def test_o1_casts_cells_in_place_without_rewriting_source(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # MindSpore's own O1 writes ./rewritten_network/*.py here
+
+    class LocalNet(nn.Cell):  # MindSpore's own O1 fails on it: NameError: 'LocalNet'
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = TinyMLP()
+
+        def construct(self, x: Any) -> Any:
+            return self.inner(x)
+
+    trainer, net = make(LocalNet, amp_level="O1")
+    names = [p.name for p in net.trainable_params()]
+    before = trainable(net)
+    assert trainer.fit(epochs=1, max_steps=2).steps == 2
+
+    assert trainer.amp_network is net and list(tmp_path.iterdir()) == []
+    assert names == ["inner.hidden.weight", "inner.hidden.bias", "inner.out.weight",
+                     "inner.out.bias"]
+    assert type(net.inner.hidden).__name__ == "_OutputTo32"
+    assert max_diff(trainable(net), before) > 0  # the saved (original) parameters trained
+
+
 def test_bfloat16_is_refused_on_cpu_in_one_line() -> None:
     with pytest.raises(AmpError, match=r"^AMP O2 with bfloat16 cannot run on CPU: .* no BFloat16"):
         make(amp_level="O2", amp_dtype="bf16")
