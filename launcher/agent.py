@@ -7,6 +7,9 @@ Fed over stdin, it takes the end of stdin as node 0's order to stop (or node 0's
 
     python -m launcher.agent --plan - --node-rank 1      # payload on stdin (ssh)
     python -m launcher.agent --plan FILE                  # node rank from Slurm or OpenMPI
+
+After the payload, stdin carries ``finish`` once every node's ranks are done (the scheduler's
+node may then stop it) and, by its end, the order to stop.
 """
 from __future__ import annotations
 
@@ -39,13 +42,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launcher.agent")
     parser.add_argument("--plan", required=True, help="payload file, or - for stdin")
     parser.add_argument("--node-rank", type=int, default=None)
+    parser.add_argument("--stdin-control", choices=("all", "node0", "none"), default="all",
+                        help="which agents take stdin as node 0's control channel (mpirun feeds "
+                        "only the first)")
     args = parser.parse_args(argv)
     from_stdin = args.plan == "-"
     body = json.loads(_read_line(0) if from_stdin else open(args.plan).read())
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
     settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter())
-    sys.exit(run_agent(plan, settings, node_rank, from_stdin))
+    watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
+    sys.exit(run_agent(plan, settings, node_rank, watch))
 
 
 def _read_line(fd: int) -> bytes:
@@ -76,17 +83,24 @@ def run_agent(plan: LaunchPlan, settings: SupervisorSettings, node_rank: int,
     supervisor = Supervisor(plan, settings, os.environ, node_rank, console,
                             on_event=lambda event: send(control.EVENT, event))
     if watch_stdin:
-        threading.Thread(target=_stop_at_eof, args=(supervisor,), daemon=True).start()
+        threading.Thread(target=_follow_stdin, args=(supervisor,), daemon=True).start()
     result = supervisor.run()
     send(control.RESULT, result_record(result, specs[0].host if specs else "", node_rank))
     return result.exit_code
 
 
-def _stop_at_eof(supervisor: Supervisor) -> None:
+def _follow_stdin(supervisor: Supervisor) -> None:
+    """``finish``: every node is done, stop the scheduler; end of stdin: stop everything."""
     # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the
     # interpreter abort at exit ("could not acquire lock for <stdin>").
-    while os.read(0, 4096):
-        pass
+    received = b""
+    while True:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        received += chunk
+        if control.FINISH in received:
+            supervisor.finish()
     supervisor.request_stop(signal.SIGHUP)
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from launcher import control
+from launcher import contract, control
 from launcher.config import ConsoleFilter
 from launcher.failures import Outcome
 from launcher.output import Console, tail
@@ -75,6 +75,7 @@ class ClusterSupervisor:
         self._on_event = on_event
         self._logs = StreamedLogs(plan.log_dir)
         self._results: list[dict[str, Any]] = []
+        self._nodes_done: set[int] = set()
         self._lock = threading.Lock()
         self._signal: Optional[int] = None
         self._wake = threading.Event()
@@ -95,10 +96,14 @@ class ClusterSupervisor:
 
     def _watch(self, group: ProcessGroup) -> tuple[Outcome, list[Exit]]:
         ended: list[Exit] = []
+        finish_sent = False
         while True:
             if self._signal is not None:
                 return Outcome.INTERRUPTED, ended
             ended += group.poll()
+            if not finish_sent and len(self._nodes_done) == self._plan.nnodes:
+                group.send(control.FINISH)
+                finish_sent = True
             if self._failed_results() or any(not e.ok for e in ended):
                 return Outcome.FAILED, ended
             if len(ended) == len(self._agents):
@@ -132,9 +137,13 @@ class ClusterSupervisor:
             with self._lock:
                 self._results.append(record)
             self._wake.set()
-        elif record.get("type") == control.EVENT and self._on_event is not None:
+        elif record.get("type") == control.EVENT:
             record = {k: v for k, v in record.items() if k != "type"}
-            self._on_event(record)
+            if record.get("event") == contract.EVENT_NODE_DONE:
+                self._nodes_done.add(int(record.get("node_rank", -1)))
+                self._wake.set()
+            elif self._on_event is not None:
+                self._on_event(record)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._signal is None:

@@ -84,6 +84,8 @@ EVENT_INITIALISED = "initialised"
 EVENT_STEP = "step"
 EVENT_CHECKPOINT = "checkpoint"
 EVENT_FINISHED = "finished"
+EVENT_NODE_DONE = "node-ranks-done"
+"""Sent by a node agent (not a rank) once all its ranks exited 0."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,8 @@ from typing import Any, Optional
 MARK = b"\x1eNPL "
 EVENT = "event"
 RESULT = "result"
+FINISH = b"finish\n"
+"""Node 0 -> agents, on stdin: every node's ranks are done."""
 
 
 def encode(kind: str, payload: dict[str, Any]) -> bytes:

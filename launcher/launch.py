@@ -62,6 +62,7 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str]) -> JobRe
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
         return Supervisor(plan, settings, environ, job.node_rank, console).run()
+    prepare_dirs(plan.log_dir)
     agents = job.backend.agent_launches(plan, payload_for(plan, settings))
     prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
     _write_plan(plan)

@@ -88,6 +88,16 @@ class ProcessGroup:
         self.pids[spec.label] = proc.pid
         return proc.pid
 
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to every process started with a stdin pipe (the node agents)."""
+        for _, proc in self._running.values():
+            if proc.stdin is not None and not proc.stdin.closed:
+                try:
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+                except OSError:  # it is gone; poll() will say so
+                    pass
+
     def poll(self) -> list[Exit]:
         """The processes that ended since the last call."""
         ended = []

@@ -68,6 +68,8 @@ class Supervisor:
         self._in_init: set[int] = set()
         self._signal: Optional[int] = None
         self._wake = threading.Event()
+        self._finish = threading.Event()
+        self._ranks_done_sent = False
 
     def run(self) -> JobResult:
         started = time.time()
@@ -108,19 +110,32 @@ class Supervisor:
             failures = [Failure.from_exit(e) for e in new if not e.ok] + _reported(group)
             if failures:
                 return Outcome.FAILED, ended, failures
-            if ranks <= {e.spec.label for e in ended} and self._scheduler_done(group):
-                return Outcome.SUCCEEDED, ended, []
+            if ranks <= {e.spec.label for e in ended}:
+                self._announce_ranks_done()
+                if self._scheduler_done(group):
+                    return Outcome.SUCCEEDED, ended, []
             if deadline is not None and time.time() > deadline and self._stuck_ranks(group):
                 return Outcome.STARTUP_TIMEOUT, ended, []
             self._wake.wait(_TICK)
 
+    def _announce_ranks_done(self) -> None:
+        if not self._ranks_done_sent and self._on_event is not None:
+            self._ranks_done_sent = True
+            self._on_event({"event": contract.EVENT_NODE_DONE, "node_rank": self._node_rank,
+                            "time": time.time()})
+
     def _scheduler_done(self, group: ProcessGroup) -> bool:
-        """Whether the scheduler may be stopped once this node's ranks are done: at once when
-        they are all the job's ranks; else the scheduler exits by itself when the last rank
-        anywhere has left the cluster, and other nodes' ranks still need it until then."""
-        if self._plan.nnodes == 1:
+        """Whether the job is over for this node once its ranks are done. With other nodes,
+        their ranks may still need the scheduler: it exits by itself once every rank has left
+        the cluster, or node 0 says every node is done (``finish``)."""
+        if self._plan.nnodes == 1 or self._finish.is_set():
             return True
         return not any(spec.role is Role.SCHEDULER for spec in group.running())
+
+    def finish(self) -> None:
+        """Node 0 says every node's ranks are done: the scheduler is no longer needed."""
+        self._finish.set()
+        self._wake.set()
 
     def _startup_deadline(self, started: float) -> Optional[float]:
         if self._plan.mode is StartMode.SINGLE or self._plan.foreground:

@@ -10,8 +10,9 @@ from launcher.plan import LaunchPlan, ProcessSpec, Role
 AGENT_MODULE = "launcher.agent"
 
 
-def agent_argv(python: str, plan_source: str, node_rank: Optional[int]) -> list[str]:
-    argv = [python, "-m", AGENT_MODULE, "--plan", plan_source]
+def agent_argv(python: str, plan_source: str, node_rank: Optional[int],
+               stdin_control: str = "all") -> list[str]:
+    argv = [python, "-m", AGENT_MODULE, "--plan", plan_source, "--stdin-control", stdin_control]
     return argv + (["--node-rank", str(node_rank)] if node_rank is not None else [])
 
 

@@ -27,5 +27,5 @@ class MpiBackend:
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
         argv += [*self._options.launcher_args,
-                 *agent_argv(python_of(plan), write_payload_file(plan, payload), None)]
-        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv), None)]
+                 *agent_argv(python_of(plan), write_payload_file(plan, payload), None, "node0")]
+        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv), b"")]

@@ -50,4 +50,4 @@ class SlurmBackend:
                 f"--chdir={plan.workdir}", f"--job-name=npu-launch-{plan.job_id}",
                 *self._options.launcher_args,
                 *agent_argv(python_of(plan), write_payload_file(plan, payload), None)]
-        return [AgentLaunch(agent_spec(plan, "srun", 0, argv), None)]
+        return [AgentLaunch(agent_spec(plan, "srun", 0, argv), b"")]

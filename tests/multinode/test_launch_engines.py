@@ -1,0 +1,63 @@
+"""The same two-node job started by the engines clusters already have: Slurm's srun (a real
+slurmctld with one slurmd per host) and OpenMPI's mpirun (over the hosts' sshd)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, run_launcher
+
+pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+JOB = str(RANK_SCRIPTS / "ms_job.py")
+
+
+def _checksums(stdout: str) -> dict[str, str]:
+    return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()
+            if " checksum " in line}
+
+
+def _reference(tmp: Path) -> str:
+    single = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(tmp / "one"),
+                          JOB, "--steps", "3")
+    assert single.returncode == 0, single.stderr[-3000:]
+    (value,) = set(_checksums(single.stdout).values())
+    return value
+
+
+def test_slurm_allocation_runs_one_agent_per_node(slurm_cluster, weird_tmp: Path) -> None:
+    argv = ["salloc", "-N2", "--job-name=npl-test", *npu_launch_argv(
+        "--launcher", "slurm", "--cards", "1", "--device", "cpu", "--job-id", "sl-job",
+        "--log-dir", str(weird_tmp / "sl"), "--kill-timeout", "3", JOB, "--steps", "3")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                            env=slurm_cluster.env, cwd=weird_tmp)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    sums = _checksums(result.stdout)
+    a, b = slurm_cluster.names
+    assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}, result.stdout[-2000:]
+    assert set(sums.values()) == {_reference(weird_tmp)}
+    assert "2 rank(s) on 2 node(s) exited 0" in result.stderr
+    assert_no_job_processes("sl-job")
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
+def test_mpirun_runs_one_agent_per_host(ssh_cluster, weird_tmp: Path) -> None:
+    hostfile = weird_tmp / "hosts"
+    hostfile.write_text("".join(f"{n} slots=1\n" for n in ssh_cluster.names))
+    subnet = f"{ssh_cluster.bridge_address.rsplit('.', 1)[0]}.0/24"
+    mca = (f"--mca plm_rsh_args '-F {ssh_cluster.ssh_config_path}' "
+           f"--mca oob_tcp_if_include {subnet} --mca btl_tcp_if_include {subnet}")
+    result = subprocess.run(npu_launch_argv(
+        "--launcher", "mpi", "--hostfile", str(hostfile), "--launcher-args", mca,
+        "--ssh-option", f"-F {ssh_cluster.ssh_config_path}", "--device", "cpu",
+        "--job-id", "mpi-job", "--log-dir", str(weird_tmp / "mpi"), "--kill-timeout", "3",
+        JOB, "--steps", "3"), capture_output=True, text=True, timeout=300, cwd=weird_tmp,
+        env=ssh_cluster.env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    sums = _checksums(result.stdout)
+    a, b = ssh_cluster.names
+    assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
+    assert set(sums.values()) == {_reference(weird_tmp)}
+    assert_no_job_processes("mpi-job")
