@@ -18,6 +18,7 @@ from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_kno
                              parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from parallel.config import ParallelConfig
 from launcher.backends import TransportOptions
 from launcher.hostfile import read_hostfile, select_hosts
 from launcher.launch import launch
@@ -91,6 +92,21 @@ def cli() -> None:
 @click.option("--launcher-args", help="Extra arguments for srun or mpirun, one string.")
 @click.option("--no-preflight", is_flag=True, help="Skip the host checks before a multi-node "
               "launch.")
+@click.option("--parallel", "parallel_mode", type=click.Choice(["data", "semi", "auto"]),
+              help="Parallel mode the ranks apply (parallel.init) [default: data].")
+@click.option("--dp", type=int, help="Data-parallel size [default: world / (mp*pp)].")
+@click.option("--mp", type=int, help="Model-parallel (tensor) size [default: 1].")
+@click.option("--pp", type=int, help="Pipeline stages [default: 1].")
+@click.option("--micro-batches", type=int, help="Pipeline micro-batches (>= pp).")
+@click.option("--optimizer-shard/--no-optimizer-shard", default=None,
+              help="Shard optimizer state across data-parallel ranks.")
+@click.option("--gradients-mean/--no-gradients-mean", default=None,
+              help="Average (not sum) gradients across ranks [default: mean].")
+@click.option("--full-batch", is_flag=True, default=None, help="Every rank reads the whole "
+              "batch (semi/auto modes).")
+@click.option("--global-batch", type=int, help="Global batch size, checked to divide by "
+              "dp*micro-batches.")
+@click.option("--seed", type=int, help="Seed every rank alike [default: 1].")
 @click.option("--config", "config_file", type=str, help="YAML file of these options; flags given "
               "here win.")
 @click.argument("script", required=False)
@@ -125,8 +141,9 @@ def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[s
 
 def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
     """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``."""
+    section: dict[str, Any] = {}
     if options["config_file"]:
-        options = _apply_config_file(ctx, options, options["config_file"])
+        options, section = _apply_config_file(ctx, options, options["config_file"])
     return LaunchConfig(
         script=options["script"] or "",
         script_args=tuple(options["script_args"]),
@@ -156,11 +173,31 @@ def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
         ssh_options=tuple(options["ssh_options"]),
         launcher_args=tuple(shlex.split(options["launcher_args"] or "")),
         preflight=not options["no_preflight"],
+        parallel=_parallel_config(options, section),
     )
 
 
-def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str) -> dict[str, Any]:
+_PARALLEL_OPTIONS = {"parallel_mode": "mode", "dp": "dp", "mp": "mp", "pp": "pp",
+                     "micro_batches": "micro_batches", "optimizer_shard": "optimizer_shard",
+                     "gradients_mean": "gradients_mean", "full_batch": "full_batch",
+                     "global_batch": "global_batch", "seed": "seed"}
+
+
+def _parallel_config(options: dict[str, Any], section: dict[str, Any]) -> ParallelConfig:
+    """The config file's ``parallel:`` section, with the parallel flags given over it."""
+    values = dict(section)
+    values.update({field: options[name] for name, field in _PARALLEL_OPTIONS.items()
+                   if options.get(name) is not None})
+    return ParallelConfig.from_mapping(values)
+
+
+def _apply_config_file(ctx: click.Context, options: dict[str, Any],
+                       path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Options under the file's values; also the file's ``parallel:`` section, if a mapping."""
     settings = read_config_file(path)
+    section: dict[str, Any] = {}
+    if isinstance(settings.get("parallel", FileSetting(None, 0)).value, dict):
+        section = settings.pop("parallel").value
     by_key = {_file_key(p): p for p in ctx.command.params if p.name and p.name != "config_file"}
     check_known_keys(path, settings, by_key)
     merged = dict(options)
@@ -169,7 +206,7 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str) -
         if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None) or \
                 (key in _FILE_ONLY_KEYS and not options[param.name]):
             merged[param.name] = _cast(ctx, param, setting, path, key)
-    return merged
+    return merged, section
 
 
 def _file_key(param: click.Parameter) -> str:

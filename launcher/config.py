@@ -13,6 +13,7 @@ import yaml
 
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from parallel.config import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,7 @@ class LaunchConfig:
     launcher_args: tuple[str, ...] = ()
     preflight: bool = True
     server_id: Optional[str] = None
+    parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
         if not self.script:

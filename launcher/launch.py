@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Mapping, Optional, TextIO
 
-from launcher import ports
+from launcher import contract, ports
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
 from launcher.backends.mpi import MpiBackend
@@ -159,6 +159,9 @@ def _address_of(host: str) -> str:
 def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
           device: DeviceKind, master_addr: str, port: int,
           extra: Mapping[str, str]) -> LaunchPlan:
+    world = sum(len(n.cards) for n in nodes)
+    parallel = config.parallel.validate(world, len(nodes))
+    extra = {**extra, contract.PARALLEL: parallel.to_json()}
     job_id = config.job_id or new_job_id()
     log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     inputs = PlanInputs(

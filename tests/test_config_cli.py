@@ -115,3 +115,24 @@ def test_dry_run_prints_plan_and_starts_nothing(weird_tmp: Path) -> None:
     assert f"log {logs}/rank_1.log" in out
     assert "--code 3" in out
     assert not logs.exists()
+
+
+def test_parallel_layout_is_checked_before_anything_starts(weird_tmp: Path) -> None:
+    result = run_launcher("--device", "cpu", "--cards", "4", "--dp", "3", "--log-dir",
+                          str(weird_tmp / "logs"), SCRIPT)
+    _one_line_error(result, "dp*mp*pp = 3*1*1 = 3 != world size 4")
+    assert not (weird_tmp / "logs").exists()
+    result = run_launcher("--device", "cpu", "--cards", "4", "--parallel", "semi", "--pp", "2",
+                          "--micro-batches", "1", SCRIPT)
+    _one_line_error(result, "micro")
+
+
+def test_parallel_section_of_config_file_and_flags_over_it(weird_tmp: Path) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text("device: cpu\ncards: 4\nparallel:\n  mode: semi\n  mp: 2\n  seed: 7\n")
+    result = run_launcher("--config", str(cfg), "--seed", "9", "--dry-run", "--json", SCRIPT)
+    assert result.returncode == 0, result.stderr
+    parallel = json.loads(json.loads(result.stdout)["ranks"][0]["env"]["NPU_LAUNCH_PARALLEL"])
+    assert (parallel["mode"], parallel["dp"], parallel["mp"], parallel["seed"]) == ("semi", 2, 2, 9)
+    cfg.write_text("device: cpu\ncards: 2\nparallel:\n  mode: data\n  shards: 2\n")
+    _one_line_error(run_launcher("--config", str(cfg), SCRIPT), "unknown key 'shards'")
