@@ -18,7 +18,9 @@ from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_kno
                              parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from launcher.report import report
 from parallel.config import ParallelConfig
+from rank_tables.cli import rank_table
 from launcher.backends import TransportOptions
 from launcher.hostfile import read_hostfile, select_hosts
 from launcher.launch import launch
@@ -55,7 +57,10 @@ def cli() -> None:
 @click.option("--device", type=click.Choice([k.value for k in DeviceKind]), default="auto",
               show_default=True, help="npu: Ascend cards (/dev/davinciN); cpu: CPU ranks; auto: "
               "npu when cards exist.")
-@click.option("--rank-table", type=str, help="HCCL rank table: start in rank-table mode.")
+@click.option("--rank-table", type=str, help="HCCL rank table, or 'auto' to generate this "
+              "host's: start in rank-table mode (no scheduler).")
+@click.option("--server-id", help="This host's server_id in the rank table [default: found by "
+              "its addresses].")
 @click.option("--master-addr", help="Address of the scheduler (MS_SCHED_HOST, MASTER_ADDR) "
               "[default: 127.0.0.1; with a hostfile, the first host].")
 @click.option("--master-port", type=int, help="Scheduler port [default: a free port].")
@@ -139,6 +144,10 @@ def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[s
     return 0 if all(c.ok for c in checks) else 1
 
 
+cli.add_command(rank_table)
+cli.add_command(report)
+
+
 def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
     """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``."""
     section: dict[str, Any] = {}
@@ -173,6 +182,7 @@ def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
         ssh_options=tuple(options["ssh_options"]),
         launcher_args=tuple(shlex.split(options["launcher_args"] or "")),
         preflight=not options["no_preflight"],
+        server_id=options["server_id"],
         parallel=_parallel_config(options, section),
     )
 

@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 import time
-from typing import Mapping, Optional, TextIO
+from typing import Mapping, Optional, Sequence, TextIO
 
 from launcher import contract, ports
 from launcher.agent import payload_for
@@ -29,9 +29,12 @@ from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.output import Console
-from launcher.plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import render, run_preflight
+from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
+                                      node_share)
 from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message
+from rank_tables.table import RankTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Job:
     plan: LaunchPlan
     backend: Optional[Backend]
     node_rank: int
+    generated_table: Optional[RankTable] = None
+    """``--rank-table auto``: written to the plan's ``RANK_TABLE_FILE`` when the job runs."""
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -58,6 +63,10 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str]) -> JobRe
     plan = job.plan
     settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console)
     console = Console(sys.stdout.buffer)
+    if job.generated_table is not None:
+        prepare_dirs(plan.log_dir)
+        with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
+            f.write(job.generated_table.dumps())
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
@@ -84,6 +93,8 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
 
 
 def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
+    if config.rank_table:
+        return _rank_table_job(config, environ)
     device, cards = _local_cards(config, environ, err)
     nnodes = config.nnodes or 1
     node_rank = config.node_rank or 0
@@ -93,6 +104,20 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     port = _master_port(config, master_addr, check=node_rank == 0)
     extra = forwarded_env(environ, config.workdir) if nnodes > 1 else {}
     return Job(_plan(config, environ, nodes, device, master_addr, port, extra), None, node_rank)
+
+
+def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
+    table = load_or_generate(config.rank_table or "", config.cards, environ, config.server_id)
+    found = find_cards(environ)
+    device = resolve_kind(DeviceKind(config.device), found)
+    share = node_share(table, local_candidates(), config.server_id, config.cards, found, device,
+                       "this host")
+    nodes = (Node(socket.gethostname(), 0, share.cards),)
+    layout = TableLayout({0: share.assignments}, table.rank_count, config.rank_table or "")
+    plan = _plan(config, environ, nodes, device, config.master_addr or "127.0.0.1", 0, {},
+                 layout)
+    generated = table if config.rank_table == AUTO else None
+    return Job(plan, None, 0, generated)
 
 
 def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
@@ -156,18 +181,32 @@ def _address_of(host: str) -> str:
                           "give --master-addr") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class TableLayout:
+    """What a rank table decides: each node's assignments, the world size, the file."""
+
+    assignments: Mapping[int, Sequence[RankAssignment]]
+    world_size: int
+    path: str
+
+
 def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
-          device: DeviceKind, master_addr: str, port: int,
-          extra: Mapping[str, str]) -> LaunchPlan:
-    world = sum(len(n.cards) for n in nodes)
+          device: DeviceKind, master_addr: str, port: int, extra: Mapping[str, str],
+          table: Optional[TableLayout] = None) -> LaunchPlan:
+    world = table.world_size if table else sum(len(n.cards) for n in nodes)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json()}
     job_id = config.job_id or new_job_id()
     log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
+    table_path = table.path if table else None
+    if table_path == AUTO:
+        table_path = os.path.join(log_dir, GENERATED_NAME)
     inputs = PlanInputs(
         job_id=job_id, log_dir=log_dir, master_addr=master_addr, master_port=port,
         device=device, nodes=nodes, base_pythonpath=environ.get("PYTHONPATH", ""),
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
+        assignments=table.assignments if table else None, rank_table_path=table_path,
+        world_size=world,
     )
     return build_plan(config, inputs)
 

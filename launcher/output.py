@@ -78,11 +78,13 @@ class Pump(threading.Thread):
         return True
 
     def _split_lines(self, chunk: bytes) -> None:
+        had_pending = bool(self._pending)
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         for line in lines:
             self._on_line(_latest_state(line))  # type: ignore[misc]
         if lines:
             self._shown_pending = b""
+        if lines or not had_pending:  # the text now pending started just now
             self._pending_since = time.monotonic()
 
     def _show_pending(self) -> None:
