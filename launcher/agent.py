@@ -34,7 +34,7 @@ NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 def payload_for(plan: LaunchPlan, settings: SupervisorSettings) -> bytes:
     """What node 0 sends every agent: one JSON line."""
     body = {"plan": plan.to_json(), "kill_timeout": settings.kill_timeout,
-            "startup_timeout": settings.startup_timeout}
+            "startup_timeout": settings.startup_timeout, "hang_timeout": settings.hang_timeout}
     return json.dumps(body).encode() + b"\n"
 
 
@@ -50,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     body = json.loads(_read_line(0) if from_stdin else open(args.plan).read())
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
-    settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter())
+    settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter(),
+                                  body.get("hang_timeout", 0.0))
     watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
     sys.exit(run_agent(plan, settings, node_rank, watch))
 

@@ -73,6 +73,12 @@ def cli() -> None:
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True,
               help="Stop the job when a rank has not initialised communication by then (0: "
               "never).")
+@click.option("--hang-timeout", type=float, default=0.0, show_default=True,
+              help="Stop the job when ranks report no step for this long, naming the rank that "
+              "hangs (0: never).")
+@click.option("--max-restarts", type=int, default=0, show_default=True,
+              help="Restart the whole job after a failure, this many times at most (not after "
+              "start-up errors).")
 @click.option("--debug", is_flag=True, help="One card in the foreground with this terminal, for "
               "pdb; no communication.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (processes, env, commands); start "
@@ -183,6 +189,8 @@ def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
         launcher_args=tuple(shlex.split(options["launcher_args"] or "")),
         preflight=not options["no_preflight"],
         server_id=options["server_id"],
+        hang_timeout=options["hang_timeout"],
+        max_restarts=options["max_restarts"],
         parallel=_parallel_config(options, section),
     )
 

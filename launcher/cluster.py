@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 from launcher import contract, control
 from launcher.config import ConsoleFilter
 from launcher.failures import Outcome
+from launcher.monitor import Stall, describe_stall
 from launcher.output import Console, tail
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.process import Exit, ProcessGroup
@@ -65,7 +66,8 @@ class ClusterSupervisor:
 
     def __init__(self, plan: LaunchPlan, agents: list[AgentLaunch], kill_timeout: float,
                  console_filter: ConsoleFilter, base_env: Mapping[str, str], console: Console,
-                 on_event: Optional[Callable[[dict], None]] = None) -> None:
+                 on_event: Optional[Callable[[dict], None]] = None,
+                 stall_check: Optional[Callable[[], Optional[Stall]]] = None) -> None:
         self._plan = plan
         self._agents = agents
         self._kill_timeout = kill_timeout
@@ -73,6 +75,8 @@ class ClusterSupervisor:
         self._base_env = base_env
         self._console = console
         self._on_event = on_event
+        self._stall_check = stall_check
+        self._stall: Optional[Stall] = None
         self._logs = StreamedLogs(plan.log_dir)
         self._results: list[dict[str, Any]] = []
         self._nodes_done: set[int] = set()
@@ -106,6 +110,9 @@ class ClusterSupervisor:
                 finish_sent = True
             if self._failed_results() or any(not e.ok for e in ended):
                 return Outcome.FAILED, ended
+            if self._stall_check is not None and (stall := self._stall_check()) is not None:
+                self._stall = stall
+                return Outcome.STALLED, ended
             if len(ended) == len(self._agents):
                 return Outcome.SUCCEEDED, ended
             self._wake.wait(_TICK)
@@ -158,6 +165,8 @@ class ClusterSupervisor:
             code = 128 + (self._signal or 0)
             message = (f"npu-launch: job {job} stopped by {signal.Signals(code - 128).name}: "
                        f"every node's processes ended")
+        elif self._stall is not None:
+            code, message = 1, describe_stall(self._stall, job)
         elif failed:
             code, message = int(failed[0]["exit_code"]), str(failed[0]["message"])
         elif outcome is Outcome.FAILED and bad_exits:

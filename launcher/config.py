@@ -76,6 +76,8 @@ class LaunchConfig:
     launcher_args: tuple[str, ...] = ()
     preflight: bool = True
     server_id: Optional[str] = None
+    hang_timeout: float = 0.0
+    max_restarts: int = 0
     parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
@@ -93,6 +95,10 @@ class LaunchConfig:
             raise ConfigError(f"--kill-timeout {self.kill_timeout}: must not be negative")
         if self.startup_timeout < 0:
             raise ConfigError(f"--startup-timeout {self.startup_timeout}: must not be negative")
+        if self.hang_timeout < 0:
+            raise ConfigError(f"--hang-timeout {self.hang_timeout}: must not be negative")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: must not be negative")
         if self.json and not self.dry_run:
             raise ConfigError("--json goes with --dry-run")
         if self.nnodes is not None and self.nnodes < 1:

@@ -75,6 +75,11 @@ WAIT_FOR_SCHEDULER = "NPU_LAUNCH_WAIT_SCHEDULER"
 """``1``: the rank hook waits until the scheduler accepts connections before MindSpore's
 ``init()`` connects, which avoids MindSpore's 3-5 s registration retry."""
 
+STACK_FILE = "NPU_LAUNCH_STACK_FILE"
+"""Where the rank writes its Python stacks when it receives SIGUSR1 (hang detection)."""
+RESTART = "NPU_LAUNCH_RESTART"
+"""How many times the job was restarted before this attempt (0 the first time)."""
+
 PREFIX = "NPU_LAUNCH_"
 
 # Event names written to EVENTS_FILE.
@@ -84,6 +89,8 @@ EVENT_INITIALISED = "initialised"
 EVENT_STEP = "step"
 EVENT_CHECKPOINT = "checkpoint"
 EVENT_FINISHED = "finished"
+EVENT_RANK_EXITED = "rank-exited"
+"""Sent by a node agent when one of its ranks' processes ended (``returncode``)."""
 EVENT_NODE_DONE = "node-ranks-done"
 """Sent by a node agent (not a rank) once all its ranks exited 0."""
 

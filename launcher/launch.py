@@ -27,6 +27,8 @@ from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
+from launcher.failures import Outcome
+from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.output import Console
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
@@ -54,14 +56,71 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
     if config.dry_run:
         out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
         return 0
-    result = run_job(job, config, environ)
+    monitor = _monitor(job.plan, config)
+    result: Optional[JobResult] = None
+    try:
+        result = run_with_restarts(job, config, environ, monitor, err)
+    finally:
+        if result is None:
+            monitor.close("error", 1, "npu-launch itself failed")
+        else:
+            monitor.close(result.outcome.value, result.exit_code, result.message)
     print_message(result, err)
     return result.exit_code
 
 
-def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str]) -> JobResult:
+def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
+                      monitor: JobMonitor, err: TextIO) -> JobResult:
+    """Run the job; after a failure that came once every rank had started (not an import
+    error or a bad argument, which would fail again), start it anew up to ``--max-restarts``
+    times. The ranks see ``NPU_LAUNCH_RESTART``; the trainer resumes from its checkpoints."""
+    attempt = 0
+    while True:
+        started = StartTracker(monitor)
+        result = run_job(job, config, environ, started)
+        restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
+        if not restartable or attempt >= config.max_restarts or not started.all_of(job.plan):
+            return result
+        attempt += 1
+        first_line = result.message.splitlines()[0] if result.message else result.outcome.value
+        err.write(f"npu-launch: restart {attempt} of {config.max_restarts} after: "
+                  f"{first_line.removeprefix('npu-launch: ')}\n")
+        again = dataclasses.replace(config, job_id=job.plan.job_id, log_dir=job.plan.log_dir)
+        job = make_job(again, environ, err, restart=attempt)
+
+
+class StartTracker:
+    """Forwards events to the monitor, remembering which ranks initialised in this attempt."""
+
+    def __init__(self, monitor: JobMonitor) -> None:
+        self.monitor = monitor
+        self.initialised: set[int] = set()
+
+    def on_event(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == contract.EVENT_RANK_EXITED:
+            self.monitor.on_exit(int(event["rank"]), event.get("returncode"))
+        elif kind != contract.EVENT_NODE_DONE:
+            if kind == contract.EVENT_INITIALISED:
+                self.initialised.add(int(event.get("rank", -1)))
+            self.monitor.on_event(event)
+
+    def all_of(self, plan: LaunchPlan) -> bool:
+        return {spec.rank for spec in plan.ranks} <= self.initialised
+
+
+def _monitor(plan: LaunchPlan, config: LaunchConfig) -> JobMonitor:
+    live = sys.stdout.isatty() and os.environ.get("TERM", "dumb") != "dumb" and not plan.foreground
+    return JobMonitor(plan.log_dir, plan.job_id, {s.rank: s.host for s in plan.ranks if
+                                                  s.rank is not None},
+                      sys.stdout if live else sys.stderr, live, config.hang_timeout or None)
+
+
+def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
+            tracker: StartTracker) -> JobResult:
     plan = job.plan
-    settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console)
+    settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console,
+                                  config.hang_timeout)
     console = Console(sys.stdout.buffer)
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
@@ -70,13 +129,14 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str]) -> JobRe
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
-        return Supervisor(plan, settings, environ, job.node_rank, console).run()
+        return Supervisor(plan, settings, environ, job.node_rank, console, tracker.on_event,
+                          tracker.monitor.tick).run()
     prepare_dirs(plan.log_dir)
     agents = job.backend.agent_launches(plan, payload_for(plan, settings))
     prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
     _write_plan(plan)
     return ClusterSupervisor(plan, agents, config.kill_timeout, config.console, environ,
-                             console).run()
+                             console, tracker.on_event, tracker.monitor.tick).run()
 
 
 def _write_plan(plan: LaunchPlan) -> None:
@@ -84,9 +144,11 @@ def _write_plan(plan: LaunchPlan) -> None:
         f.write(plan.to_json())
 
 
-def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
+def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO,
+             restart: int = 0) -> Job:
     """Everything that must be true before a process starts is checked here."""
     kind = choose_kind(LauncherKind(config.launcher), environ, bool(config.hostfile))
+    environ = {**environ, contract.RESTART: str(restart)} if restart else environ
     if kind is LauncherKind.LOCAL:
         return _local_job(config, environ, err)
     return _cluster_job(config, kind, environ, err)
@@ -195,7 +257,8 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
           table: Optional[TableLayout] = None) -> LaunchPlan:
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
     parallel = config.parallel.validate(world, len(nodes))
-    extra = {**extra, contract.PARALLEL: parallel.to_json()}
+    extra = {**extra, contract.PARALLEL: parallel.to_json(),
+             contract.RESTART: environ.get(contract.RESTART, "0")}
     job_id = config.job_id or new_job_id()
     log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None

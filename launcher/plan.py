@@ -89,9 +89,14 @@ class ProcessSpec:
         return self.env.get(contract.ERROR_FILE, "")
 
     @property
+    def stack_path(self) -> str:
+        return self.env.get(contract.STACK_FILE, "")
+
+    @property
     def files(self) -> tuple[str, ...]:
         """Every file this process writes (its folders must exist before it starts)."""
-        return tuple(p for p in (self.log_path, self.events_path, self.error_path) if p)
+        return tuple(p for p in (self.log_path, self.events_path, self.error_path,
+                                 self.stack_path) if p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +230,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
         contract.MASTER_ADDR: inputs.master_addr, contract.MASTER_PORT: str(inputs.master_port),
         contract.EVENTS_FILE: os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
         contract.ERROR_FILE: os.path.join(node_dir, "errors", f"rank_{rank}.json"),
+        contract.STACK_FILE: os.path.join(node_dir, "stacks", f"rank_{rank}.txt"),
         **_common_env(inputs, node),
     }
     if mode is StartMode.DYNAMIC_CLUSTER:

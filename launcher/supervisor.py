@@ -21,7 +21,9 @@ from launcher.failures import (ErrorReport, Failure, Outcome, describe_failure, 
                                root_cause)
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
+from launcher.monitor import Stall, describe_stall
 from launcher.process import Exit, ProcessGroup
+from launcher.stalls import StallWatch, culprits, describe_hang, sample_stacks
 
 _TICK = 0.02
 _DRAIN_TIMEOUT = 0.5
@@ -47,6 +49,7 @@ class SupervisorSettings:
     kill_timeout: float
     startup_timeout: float
     console: ConsoleFilter
+    hang_timeout: float = 0.0
 
 
 class Supervisor:
@@ -55,7 +58,10 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, settings: SupervisorSettings,
                  base_env: Mapping[str, str], node_rank: int = 0,
                  console_stream: Optional[Console] = None,
-                 on_event: Optional[Callable[[dict], None]] = None) -> None:
+                 on_event: Optional[Callable[[dict], None]] = None,
+                 stall_check: Optional[Callable[[], Optional[Stall]]] = None) -> None:
+        """``on_event`` gets every rank event, plus ``rank-exited`` and ``node-ranks-done``;
+        ``stall_check`` (the job monitor's) may name a rank that fell behind the others."""
         self._plan = plan
         self._settings = settings
         self._base_env = base_env
@@ -70,6 +76,11 @@ class Supervisor:
         self._wake = threading.Event()
         self._finish = threading.Event()
         self._ranks_done_sent = False
+        self._stall_check = stall_check
+        self._stalls = StallWatch(settings.hang_timeout) if settings.hang_timeout > 0 else None
+        self._main_threads: dict[int, str] = {}
+        self._stall_message = ""
+        self._by_rank = {s.rank: s for s in self._specs if s.rank is not None}
 
     def run(self) -> JobResult:
         started = time.time()
@@ -85,11 +96,13 @@ class Supervisor:
         finally:
             ended_at_close = group.close(self._settings.kill_timeout)
             restore_signal_handlers(previous)
+        self._report_exits(ended_at_close)
         return self._result(outcome, failures, tuple(ended) + tuple(ended_at_close), stuck,
                             started)
 
     def _start_all(self, group: ProcessGroup) -> None:
         for spec in self._specs:
+            _remove_stale(spec)
             if spec.rank is not None and self._plan.foreground:
                 group.start_foreground(spec)
             else:
@@ -107,9 +120,12 @@ class Supervisor:
             new = group.poll()
             ended += new
             self._read_events()
+            self._report_exits(new)
             failures = [Failure.from_exit(e) for e in new if not e.ok] + _reported(group)
             if failures:
                 return Outcome.FAILED, ended, failures
+            if self._stalled(group):
+                return Outcome.STALLED, ended, []
             if ranks <= {e.spec.label for e in ended}:
                 self._announce_ranks_done()
                 if self._scheduler_done(group):
@@ -118,11 +134,47 @@ class Supervisor:
                 return Outcome.STARTUP_TIMEOUT, ended, []
             self._wake.wait(_TICK)
 
+    def _report_exits(self, exits: list[Exit]) -> None:
+        for exit_ in exits:
+            if exit_.spec.rank is not None:
+                self._emit({"event": contract.EVENT_RANK_EXITED, "rank": exit_.spec.rank,
+                            "host": exit_.spec.host, "returncode": exit_.returncode,
+                            "time": exit_.time})
+
+    def _emit(self, event: dict) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def _stalled(self, group: ProcessGroup) -> bool:
+        """A rank the monitor saw fall behind, or, once all are silent, the one whose stack is
+        outside MindSpore (with other nodes, silence everywhere is left to the node that has
+        such a rank for one more timeout)."""
+        if self._stall_check is not None:
+            stall = self._stall_check()
+            if stall is not None:
+                self._stall_message = describe_stall(stall, self._plan.job_id)
+                return True
+        if self._stalls is None:
+            return False
+        now = time.time()
+        running = {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
+        if not self._stalls.due(sorted(running), now):  # type: ignore[arg-type]
+            return False
+        stacks = {r: self._by_rank[r].stack_path for r in running}
+        samples = sample_stacks(running, stacks, self._main_threads)  # type: ignore[arg-type]
+        guilty = culprits(samples)
+        silent = now - self._stalls.last_progress()
+        if not guilty and self._plan.nnodes > 1 and silent < 2 * self._stalls.timeout:
+            return False
+        self._stall_message = describe_hang(self._plan.job_id, samples, guilty, silent,
+                                            self._stalls.timeout, self._by_rank)
+        return True
+
     def _announce_ranks_done(self) -> None:
-        if not self._ranks_done_sent and self._on_event is not None:
+        if not self._ranks_done_sent:
             self._ranks_done_sent = True
-            self._on_event({"event": contract.EVENT_NODE_DONE, "node_rank": self._node_rank,
-                            "time": time.time()})
+            self._emit({"event": contract.EVENT_NODE_DONE, "node_rank": self._node_rank,
+                        "time": time.time()})
 
     def _scheduler_done(self, group: ProcessGroup) -> bool:
         """Whether the job is over for this node once its ranks are done. With other nodes,
@@ -152,12 +204,15 @@ class Supervisor:
         for rank, tail in self._tails.items():
             for event in tail.read():
                 kind = event.get("event")
-                if kind == contract.EVENT_INIT_STARTED:
+                if kind == contract.EVENT_STARTED and event.get("main_thread"):
+                    self._main_threads[rank] = str(event["main_thread"])
+                elif kind == contract.EVENT_STEP and self._stalls is not None:
+                    self._stalls.progress(rank, time.time())
+                elif kind == contract.EVENT_INIT_STARTED:
                     self._in_init.add(rank)
                 elif kind == contract.EVENT_INITIALISED:
                     self._initialised.setdefault(rank, float(event.get("time", time.time())))
-                if self._on_event is not None:
-                    self._on_event(event)
+                self._emit(event)
 
     def _result(self, outcome: Outcome, failures: list[Failure], exits: tuple[Exit, ...],
                 stuck: list[ProcessSpec], started: float) -> JobResult:
@@ -168,6 +223,8 @@ class Supervisor:
         elif outcome is Outcome.STARTUP_TIMEOUT:
             code = 1
             message = describe_stuck(stuck, self._in_init, job, self._settings.startup_timeout)
+        elif outcome is Outcome.STALLED:
+            code, message = 1, self._stall_message
         elif outcome is Outcome.INTERRUPTED:
             code = 128 + (self._signal or 0)
             message = (f"npu-launch: job {job} stopped by "
@@ -196,6 +253,13 @@ class Supervisor:
         if self._signal is None:
             self._signal = signum
         self._wake.set()
+
+
+def _remove_stale(spec: ProcessSpec) -> None:
+    """Reports of an earlier attempt of this job (a restart) must not end this one."""
+    for path in (spec.events_path, spec.error_path, spec.stack_path):
+        if path and os.path.exists(path):
+            os.remove(path)
 
 
 def _reported(group: ProcessGroup) -> list[Failure]:

@@ -6,6 +6,7 @@
 * Start-up events: ``started`` at boot and ``initialised`` when MindSpore's communication
   ``init()`` returns (found through an import hook on ``mindspore.communication.management``),
   which is how the launcher tells a rank stuck before ``init()``.
+* A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -14,6 +15,7 @@ Nothing here imports MindSpore.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -22,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from types import ModuleType, TracebackType
@@ -40,8 +43,11 @@ def install() -> None:
         _die_with_parent(int(os.environ[contract.PARENT_PID]))
     if contract.ERROR_FILE in os.environ:
         sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
+    if contract.STACK_FILE in os.environ:
+        _dump_stack_on_request(os.environ[contract.STACK_FILE])
     if contract.EVENTS_FILE in os.environ:
-        events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""))
+        events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""),
+                    main_thread=hex(threading.main_thread().ident or 0))
         sys.meta_path.insert(0, _CommInitHook())
 
 
@@ -54,6 +60,16 @@ def run_shadowed_sitecustomize(boot_file: str) -> None:
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+
+
+def _dump_stack_on_request(path: str) -> None:
+    """SIGUSR1 writes every thread's Python stack to ``path`` (the launcher's hang check)."""
+    global _stack_file
+    _stack_file = open(path, "a")  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+
+
+_stack_file = None
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -6,6 +6,7 @@ misbehaving job would otherwise run for an hour, so finishing at all proves the 
 """
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -123,3 +124,18 @@ def test_one_card_is_a_cluster_of_one_in_the_foreground(weird_tmp: Path) -> None
     assert not (weird_tmp / "logs" / "rank_0.log").exists()
     assert (weird_tmp / "logs" / "scheduler.log").exists()
     assert_no_job_processes("one-job")
+
+
+def test_rank_hung_mid_training_is_named_with_its_stack(weird_tmp: Path) -> None:
+    proc = _launch(weird_tmp, "midhang-job", "--steps", "400", "--hang-rank", "1",
+                   "--hang-at-step", "3", extra=("--hang-timeout", "4"))
+    wait_for(lambda: job_pids("midhang-job"), "the job's processes")
+    seen = tuple(job_pids("midhang-job"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "rank 1 on" in err and "hangs: no step for" in err, err[-3000:]
+    assert "while rank(s) 0 wait in MindSpore" in err
+    assert "ms_job.py" in err.split("rank 1 is at")[1], "the hung rank's own frame is shown"
+    summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
+    assert summary["outcome"] == "stalled"
+    assert_no_job_processes("midhang-job", seen)

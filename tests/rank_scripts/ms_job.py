@@ -2,6 +2,8 @@
 
 --fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
+--hang-rank R --hang-at-step K: rank R sleeps for an hour before step K (a hang mid-training).
+Each step is reported as a `step` event, as the trainer does.
 --steps N: training steps; at the end each rank prints `checksum <value>`.
 """
 import argparse
@@ -13,11 +15,15 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 
+from parallel.events import emit
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
 parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-at-step", type=int, default=-1)
 args = parser.parse_args()
 
 ms.set_device("CPU")
@@ -39,8 +45,11 @@ grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.par
 reducer = nn.DistributedGradReducer(optimizer.parameters, mean=True)
 x = ms.Tensor(np.full((4, 8), rank + 1, np.float32))
 y = ms.Tensor(np.zeros((4, 2), np.float32))
-for _ in range(args.steps):
-    _, grads = grad_fn(x, y)
+for step in range(args.steps):
+    if rank == args.hang_rank and step == args.hang_at_step:
+        time.sleep(3600)
+    loss, grads = grad_fn(x, y)
     optimizer(reducer(grads))
+    emit("step", step=step, loss=float(loss))
 checksum = sum(float(np.abs(p.asnumpy()).sum()) for p in net.trainable_params())
 print(f"checksum {checksum:.10f}", flush=True)

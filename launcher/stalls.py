@@ -1,0 +1,127 @@
+"""Hang detection: which rank stopped making progress, and where it is stuck.
+
+A rank makes progress when it reports a step. Once every running rank of this node has been
+silent for ``--hang-timeout`` (after the first step of the job), the launcher asks each one for
+its Python stack (the rank hook registered ``faulthandler`` on SIGUSR1): in synchronous data
+parallelism the healthy ranks wait inside MindSpore's collectives, so a rank whose main thread
+is anywhere else (user code, a sleep, a data loader) is the one that hangs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import time
+from typing import Mapping, Optional, Sequence
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
+_MINDSPORE = os.sep + "mindspore" + os.sep
+_DUMP_WAIT = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class StackSample:
+    """A rank's main-thread stack, most recent call first, as ``file:line in func``."""
+
+    rank: int
+    frames: tuple[str, ...]
+
+    @property
+    def top(self) -> str:
+        return self.frames[0] if self.frames else "(no Python frame)"
+
+    @property
+    def in_mindspore(self) -> bool:
+        return bool(self.frames) and _MINDSPORE in self.frames[0]
+
+
+class StallWatch:
+    """When each local rank last made progress (the launcher's clock, not the rank's)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._last: dict[int, float] = {}
+        self._next_check = 0.0
+
+    def progress(self, rank: int, now: float) -> None:
+        self._last[rank] = now
+
+    def due(self, running: Sequence[int], now: float) -> bool:
+        """All running ranks silent longer than the timeout (once a step was seen), and not
+        asked already in the last half timeout."""
+        if not self._last or not running or now < self._next_check:
+            return False
+        last = max(self._last.get(r, 0.0) for r in running)
+        if now - last < self.timeout:
+            return False
+        self._next_check = now + self.timeout / 2
+        return True
+
+    def silent_for(self, rank: int, now: float) -> float:
+        return now - self._last.get(rank, now)
+
+    def last_progress(self) -> float:
+        return max(self._last.values(), default=0.0)
+
+
+def sample_stacks(pids: Mapping[int, int], stack_files: Mapping[int, str],
+                  main_threads: Mapping[int, str]) -> dict[int, StackSample]:
+    """Ask each rank (rank -> pid) for its stack and read its main thread's frames."""
+    for rank, path in stack_files.items():
+        try:
+            open(path, "w").close()
+            os.kill(pids[rank], signal.SIGUSR1)
+        except (OSError, KeyError):
+            continue
+    time.sleep(_DUMP_WAIT)
+    return {rank: StackSample(rank, _main_frames(path, main_threads.get(rank, "")))
+            for rank, path in stack_files.items()}
+
+
+def _main_frames(path: str, main_thread: str) -> tuple[str, ...]:
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ()
+    frames: dict[str, list[str]] = {}
+    current = ""
+    for line in lines:
+        thread = _THREAD.match(line)
+        if thread:
+            current = thread.group(1)
+            frames[current] = []
+        elif current and (frame := _FRAME.match(line)):
+            frames[current].append(f"{frame['file']}:{frame['line']} in {frame['func']}")
+    return tuple(frames.get(main_thread) or next(iter(frames.values()), []))
+
+
+def culprits(samples: Mapping[int, StackSample]) -> list[int]:
+    """The ranks stuck outside MindSpore while others wait inside it."""
+    outside = [r for r, s in samples.items() if s.frames and not s.in_mindspore]
+    inside = [r for r, s in samples.items() if s.in_mindspore]
+    return sorted(outside) if outside and inside else []
+
+
+def describe_hang(job_id: str, samples: Mapping[int, StackSample], guilty: Sequence[int],
+                  silent: float, timeout: float, specs: Mapping[int, object]) -> str:
+    """The root-cause block of a hang: who, since when, and where each rank is."""
+    host = lambda r: getattr(specs.get(r), "host", "?")  # noqa: E731
+    if guilty:
+        names = ", ".join(f"rank {r} on {host(r)}" for r in guilty)
+        waiting = sorted(r for r, s in samples.items() if s.in_mindspore)
+        head = (f"npu-launch: job {job_id} stopped: {names} hangs: no step for {silent:.0f} s "
+                f"(--hang-timeout {timeout:g}) while rank(s) {', '.join(map(str, waiting))} "
+                "wait in MindSpore")
+        shown = list(guilty)
+    else:
+        head = (f"npu-launch: job {job_id} stopped: no rank made progress for {silent:.0f} s "
+                f"(--hang-timeout {timeout:g})")
+        shown = sorted(samples)
+    lines = [head]
+    for rank in shown[:4]:
+        lines.append(f"  rank {rank} is at (most recent call first):")
+        lines += [f"    {frame}" for frame in samples[rank].frames[:6]] or ["    (no stack)"]
+    return "\n".join(lines)
