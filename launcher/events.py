@@ -23,10 +23,11 @@ class EventTail:
             return []
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
-        return list(_parse(lines))
+        return list(parse_records(lines))
 
 
-def _parse(lines: list[bytes]) -> Iterator[dict[str, Any]]:
+def parse_records(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``lines``, skipping lines that are not one."""
     for line in lines:
         try:
             record = json.loads(line)

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional, TextIO
 
 import click
 
+from launcher.events import parse_records
 from launcher import contract
 from launcher.errors import LaunchError
 from launcher.monitor import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobState, as_float, as_int
@@ -134,13 +135,7 @@ def _job_ranks(job: dict[str, Any]) -> dict[int, str]:
 def read_records(path: str) -> Iterator[dict[str, Any]]:
     """The JSON objects of a JSON-lines file, skipping lines that are not one."""
     with open(path, "rb") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
+        yield from parse_records(f)
 
 
 def load_series(metrics_path: str) -> list[Series]:

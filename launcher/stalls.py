@@ -13,7 +13,7 @@ import os
 import re
 import signal
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")

@@ -44,6 +44,17 @@ class Backend(Protocol):
         """The processes that start every node's agent, fed ``payload``."""
 
 
+class HostfileBackend:
+    """A backend whose hosts come from a hostfile (ssh, OpenMPI)."""
+
+    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
+        self._hosts = hosts
+        self._options = options
+
+    def hosts(self) -> list[HostSelection]:
+        return self._hosts
+
+
 def choose_kind(requested: LauncherKind, environ: Mapping[str, str],
                 has_hostfile: bool) -> LauncherKind:
     if requested is not LauncherKind.AUTO:

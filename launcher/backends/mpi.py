@@ -3,22 +3,14 @@ from __future__ import annotations
 
 import os
 
-from launcher.backends import LauncherKind, TransportOptions
+from launcher.backends import HostfileBackend, LauncherKind
 from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
 from launcher.cluster import AgentLaunch
-from launcher.hostfile import HostSelection
 from launcher.plan import LaunchPlan
 
 
-class MpiBackend:
+class MpiBackend(HostfileBackend):
     kind = LauncherKind.MPI
-
-    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
-        self._hosts = hosts
-        self._options = options
-
-    def hosts(self) -> list[HostSelection]:
-        return self._hosts
 
     def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
         hosts = ",".join(f"{h.host}:1" for h in self._hosts)

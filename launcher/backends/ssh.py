@@ -4,10 +4,9 @@ from __future__ import annotations
 import shlex
 from typing import Optional, Sequence
 
-from launcher.backends import LauncherKind, TransportOptions
+from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of
 from launcher.cluster import AgentLaunch
-from launcher.hostfile import HostSelection
 from launcher.plan import LaunchPlan
 
 
@@ -24,15 +23,8 @@ def ssh_argv(host: str, user: Optional[str], remote: Sequence[str], workdir: str
     return argv + [f"{user}@{host}" if user else host, command]
 
 
-class SshBackend:
+class SshBackend(HostfileBackend):
     kind = LauncherKind.SSH
-
-    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
-        self._hosts = hosts
-        self._options = options
-
-    def hosts(self) -> list[HostSelection]:
-        return self._hosts
 
     def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
         launches = []

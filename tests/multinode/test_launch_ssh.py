@@ -168,3 +168,15 @@ def test_environment_reaches_remote_ranks_intact(ssh_cluster, weird_tmp: Path) -
         assert values == {"FROM_FLAG": "x; rm -rf /tmp/nothing $HOME",
                           "FROM_FILE": "it's \"quoted\"; echo pwned",
                           "MS_FROM_PREFIX": "a b", "NOT_FORWARDED": None}
+
+
+def test_dead_node_0_is_a_dropped_connection_and_agents_stop(ssh_cluster,
+                                                            weird_tmp: Path) -> None:
+    job = "mn-orphan"
+    proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4), "4 ranks initialised")
+    proc.kill()  # node 0 dies without a word: each agent only sees its connection end
+    proc.communicate(timeout=60)
+    wait_for(lambda: not job_pids(job), "agents to stop their ranks", 60)
+    _nothing_left_on_hosts(ssh_cluster, job)
