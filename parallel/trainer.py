@@ -72,15 +72,16 @@ class SimpleRank:
 class TrainOptions:
     """Everything about how :class:`Trainer` trains, validated on construction.
 
-    ``loss_scale`` ``None`` means dynamic for O1-O3 and none for O0. ``skip_nonfinite`` skips an
-    update whose gradients hold inf/nan even without loss scaling (with scaling it always does).
+    ``loss_scale`` ``None`` means dynamic for O1-O3 and none for O0. With loss scaling an update
+    whose gradients hold inf/nan is always skipped; ``skip_nonfinite`` does that without scaling
+    too (off by default: the check and its branch cost about 2-4% of a small CNN's step on CPU).
     Steps count optimizer updates; ``ckpt_every_steps`` and ``ckpt_every_epochs`` may both be set.
     """
 
     amp_level: amp.AmpLevel = amp.AmpLevel.O0
     amp_dtype: amp.AmpDtype = amp.AmpDtype.FLOAT16
     loss_scale: Union[amp.LossScaleConfig, amp.LossScaleMode, str, None] = None
-    skip_nonfinite: bool = True
+    skip_nonfinite: bool = False
     grad_accumulation: int = 1
     clip_grad_norm: Optional[float] = None
     log_every: int = 10

@@ -150,12 +150,12 @@ def test_fixed_loss_scale_keeps_the_scale_and_still_skips() -> None:
     assert result.skipped_steps == 1
 
 
-def test_without_scaling_nonfinite_updates_are_skipped_unless_disabled() -> None:
+def test_without_scaling_nonfinite_updates_are_applied_unless_asked_to_skip() -> None:
     recorder, result, _ = record_steps(loss_scale="none")
-    assert max_diff(recorder.params[1], recorder.params[0]) == 0.0 and result.skipped_steps == 1
-
-    recorder, result, _ = record_steps(loss_scale="none", skip_nonfinite=False)
     assert not np.isfinite(recorder.params[1]["hidden.weight"]).all()
+
+    recorder, result, _ = record_steps(loss_scale="none", skip_nonfinite=True)
+    assert max_diff(recorder.params[1], recorder.params[0]) == 0.0 and result.skipped_steps == 1
 
 
 # Gradient accumulation ---------------------------------------------------------------------------
