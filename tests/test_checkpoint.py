@@ -225,3 +225,12 @@ def test_divergent_ranks_partitions_the_ranks(digests: list) -> None:
     assert len({digests[r] for r in agreeing}) == 1
     assert all(digests[r] != digests[agreeing[0]] for r in odd)
     assert len(agreeing) == max(digests.count(d) for d in digests)
+
+
+def test_manifests_amp_and_schedules_import_without_mindspore() -> None:
+    """The launcher may read manifests and validate AMP options where MindSpore is absent."""
+    probe = ("import sys, parallel.checkpoint, parallel.amp, parallel.schedules; "
+             "print('mindspore' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
