@@ -510,6 +510,7 @@ class Trainer:
         if self.position.epoch >= epochs or self._reached(max_steps):
             return
         batches = self._iterator(epochs)
+        self._set_train(True)
         try:
             while self.position.epoch < epochs and not run.stop:
                 self._train_epoch(run, batches, max_steps)
@@ -528,7 +529,6 @@ class Trainer:
 
     def _train_epoch(self, run: _Run, batches: Any, max_steps: Optional[int]) -> None:
         epoch = self.position.epoch
-        self._set_train(True)
         for batch in batches:
             if self._micro_batch(run, batch):
                 self._after_step(run)
@@ -610,6 +610,7 @@ class Trainer:
         started = time.perf_counter()
         if self.eval_ds is not None and self.position.epoch % self.options.eval_every_epochs == 0:
             run.eval = self.evaluate()
+            self._set_train(True)  # evaluation switched the shared network to inference
         run.meter.pause_since(started)
         every = self.options.ckpt_every_epochs
         if every and self.position.epoch % every == 0:
