@@ -96,6 +96,9 @@ class Supervisor:
         finally:
             ended_at_close = group.close(self._settings.kill_timeout)
             restore_signal_handlers(previous)
+            self._read_events()
+            for tail in self._tails.values():
+                tail.close()
         self._report_exits(ended_at_close)
         return self._result(outcome, failures, tuple(ended) + tuple(ended_at_close), stuck,
                             started)
