@@ -283,6 +283,16 @@ def test_evaluation_accuracy_and_throughput() -> None:
     assert result.epochs == 3 and np.isfinite(result.final_loss)
 
 
+def test_evaluating_between_epochs_leaves_the_training_state_alone() -> None:
+    x, y = digits(96)
+    with_eval, net_a = make(TinyCNN, eval_ds=dataset(x[64:], y[64:], batch=16))
+    without, net_b = make(TinyCNN)
+    assert with_eval.fit(epochs=2).eval is not None and without.fit(epochs=2).eval is None
+    everything = {p.name: p.asnumpy() for p in net_a.get_parameters()}
+    # Includes BatchNorm's moving statistics, which evaluation in training mode would update.
+    assert max_diff(everything, {p.name: p.asnumpy() for p in net_b.get_parameters()}) == 0.0
+
+
 # AMP ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
