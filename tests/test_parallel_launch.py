@@ -32,7 +32,7 @@ def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp, ca
     job, out = f"parallel-dp-{cards}", weird_tmp / "results"
     result = run_launcher("--device", "cpu", "--cards", str(cards), "--job-id", job,
                           "--log-dir", str(weird_tmp / "logs"), "--console", "none",
-                          str(SCRIPTS / "train_digits.py"), str(digits), "--out", str(out),
+                          str(SCRIPTS / "dp_mindrecord.py"), str(digits), "--out", str(out),
                           "--epochs", "1", "--batch", str(BATCH), cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(cards)]

@@ -1,0 +1,48 @@
+"""scripts/train_digits.py with a fault injected, for the resume and replica tests.
+
+--kill-at-step N: in the job's first attempt, rank 1 SIGKILLs itself after step N.
+--perturb-rank R: rank R nudges one weight before training (a diverged replica).
+"""
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+
+import train_digits  # noqa: E402
+from launcher import contract  # noqa: E402
+from parallel.trainer import Callback  # noqa: E402
+
+
+class KillAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, info):  # type: ignore[no-untyped-def]
+        if info.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Perturb(Callback):
+    def on_fit_start(self, trainer):  # type: ignore[no-untyped-def]
+        weight = trainer.network.trainable_params()[0]
+        weight.set_data(ms.Tensor(weight.asnumpy() + np.float32(0.01)))
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--kill-at-step", type=int, default=-1)
+parser.add_argument("--perturb-rank", type=int, default=-1)
+ours, rest = parser.parse_known_args()
+rank = int(os.environ[contract.RANK_ID])
+first_attempt = os.environ.get(contract.RESTART, "0") == "0"
+callbacks = []
+if rank == 1 and first_attempt and ours.kill_at_step >= 0:
+    callbacks.append(KillAtStep(ours.kill_at_step))
+if rank == ours.perturb_rank:
+    callbacks.append(Perturb())
+train_digits.main(rest, callbacks)
