@@ -8,10 +8,13 @@ npu-launch / msrun:
   to-init       command start to the last rank's init() returning
   finish-exit   the last rank's last line to launcher exit
   fail-exit     the failing rank's raise to launcher exit (BENCH_MODE=fail)
+and, for npu-launch alone (msrun records no such time), rank-exit: the last rank process's exit
+(from metrics.jsonl) to launcher exit, the launcher's own share of finish-exit.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -59,11 +62,20 @@ def run_once(launcher: str, ranks: int, mode: str) -> dict[str, float]:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     end = time.time()
     m = marks(out)
+    exits = rank_exits(work / "logs" / "metrics.jsonl")
     shutil.rmtree(work, ignore_errors=True)
     if mode == "fail":
         return {"fail-exit": end - m["fail"][0]}
-    return {"wall": end - start, "to-init": max(m["init"]) - start,
-            "finish-exit": end - max(m["done"])}
+    phases = {"wall": end - start, "to-init": max(m["init"]) - start,
+              "finish-exit": end - max(m["done"])}
+    return {**phases, "rank-exit": end - max(exits)} if exits else phases
+
+
+def rank_exits(metrics: Path) -> list[float]:
+    if not metrics.exists():
+        return []
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r["time"] for r in records if r.get("event") == "exited"]
 
 
 def main() -> None:
@@ -86,6 +98,9 @@ def main() -> None:
             us_med = statistics.median(samples[("npu-launch", phase)])
             print(f"{ranks:>5} {phase:<12} {ms_med:>9.2f} {us_med:>13.2f} "
                   f"{us_med / ms_med:>7.2f}", flush=True)
+        if ("npu-launch", "rank-exit") in samples:
+            own = statistics.median(samples[("npu-launch", "rank-exit")])
+            print(f"{ranks:>5} {'rank-exit':<12} {'-':>9} {own:>13.3f} {'':>7}", flush=True)
 
 
 if __name__ == "__main__":
