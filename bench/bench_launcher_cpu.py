@@ -1,6 +1,6 @@
-"""The launcher's own CPU use while a real 2-rank job trains for 60 s, status table on.
+"""The launcher's own CPU use while a real 2-rank job trains (about 60 s), status table on.
 
-    python bench/bench_launcher_cpu.py [--seconds 60] [--ranks 2]
+    python bench/bench_launcher_cpu.py [--steps 2800] [--ranks 2]
 
 npu-launch runs on a pseudo-terminal (so the live status table is drawn) with every rank line
 on the console; the job steps as fast as the CPU allows and reports every step. Prints the
@@ -36,13 +36,13 @@ def drain(fd: int, counter: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--steps", type=int, default=2800)
     parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
     master, slave = pty.openpty()
     logs = tempfile.mkdtemp(prefix="bench-cpu-")
     argv = [sys.executable, "-m", "launcher.cli", "--device", "cpu", "--cards", str(args.ranks),
-            "--log-dir", logs, str(HERE / "steady_job.py"), "--seconds", str(args.seconds)]
+            "--log-dir", logs, str(HERE / "steady_job.py"), "--steps", str(args.steps)]
     env = {**os.environ, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
     start = time.time()
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)

@@ -116,6 +116,7 @@ class ClusterSupervisor:
             if len(ended) == len(self._agents):
                 return Outcome.SUCCEEDED, ended
             self._wake.wait(_TICK)
+            self._wake.clear()
 
     def _failed_results(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -56,7 +56,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
     if config.dry_run:
         out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
         return 0
-    monitor = _monitor(job.plan, config)
+    monitor = _monitor(job, config)
     result: Optional[JobResult] = None
     try:
         result = run_with_restarts(job, config, environ, monitor, err)
@@ -109,10 +109,15 @@ class StartTracker:
         return {spec.rank for spec in plan.ranks} <= self.initialised
 
 
-def _monitor(plan: LaunchPlan, config: LaunchConfig) -> JobMonitor:
+def _monitor(job: Job, config: LaunchConfig) -> JobMonitor:
+    """The job's monitor. A node of a job started by hand on every node watches only its own
+    ranks, and keeps its files in its own folder (the log dir may be shared)."""
+    plan = job.plan
     live = sys.stdout.isatty() and os.environ.get("TERM", "dumb") != "dumb" and not plan.foreground
-    return JobMonitor(plan.log_dir, plan.job_id, {s.rank: s.host for s in plan.ranks if
-                                                  s.rank is not None},
+    by_hand = job.backend is None and plan.nnodes > 1
+    specs = plan.on_node(job.node_rank) if by_hand else plan.processes
+    log_dir = os.path.dirname(specs[-1].log_path) if by_hand else plan.log_dir
+    return JobMonitor(log_dir, plan.job_id, {s.rank: s.host for s in specs if s.rank is not None},
                       sys.stdout if live else sys.stderr, live, config.hang_timeout or None)
 
 
@@ -195,7 +200,8 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
                   for i, h in enumerate(hosts))
     master_addr = config.master_addr or _address_of(hosts[0].host)
     extra = forwarded_env(environ, config.workdir)
-    return Job(_plan(config, environ, nodes, device, master_addr, port, extra), backend, 0)
+    return Job(_plan(config, environ, nodes, device, master_addr, port, extra, agents=True),
+               backend, 0)
 
 
 def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
@@ -254,7 +260,7 @@ class TableLayout:
 
 def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
           device: DeviceKind, master_addr: str, port: int, extra: Mapping[str, str],
-          table: Optional[TableLayout] = None) -> LaunchPlan:
+          table: Optional[TableLayout] = None, agents: bool = False) -> LaunchPlan:
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json(),
@@ -269,7 +275,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
         device=device, nodes=nodes, base_pythonpath=environ.get("PYTHONPATH", ""),
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
         assignments=table.assignments if table else None, rank_table_path=table_path,
-        world_size=world,
+        world_size=world, agents=agents,
     )
     return build_plan(config, inputs)
 

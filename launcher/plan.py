@@ -184,6 +184,8 @@ class PlanInputs:
     rank_table_path: Optional[str] = None
     world_size: Optional[int] = None
     extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    agents: bool = False
+    """Node agents run the ranks (multi-node backends): no rank may take the terminal."""
     inherited: frozenset[str] = frozenset()
     """Names already set in the environment the ranks inherit: the plan's defaults yield to them."""
 
@@ -199,7 +201,8 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       master_port=inputs.master_port, world_size=world,
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
                       workdir=os.path.abspath(config.workdir or "."),
-                      foreground=len(ranks) == 1 and len(inputs.nodes) == 1)
+                      foreground=len(ranks) == 1 and len(inputs.nodes) == 1
+                      and not inputs.agents)
 
 
 def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:
@@ -221,7 +224,7 @@ def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world
 
 def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: Node,
                local_rank: int, rank: int, device: int, world: int) -> ProcessSpec:
-    node_dir = node_log_dir(inputs.log_dir, node.host, len(inputs.nodes))
+    node_dir = node_log_dir(inputs, node.host)
     env = {
         contract.RANK_ID: str(rank), contract.RANK: str(rank),
         contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
@@ -254,15 +257,15 @@ def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> Pro
            contract.MS_ROLE: contract.ROLE_SCHEDULER, **dict(config.env)}
     return ProcessSpec(role=Role.SCHEDULER, rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
                        device_id=None,
-                       log_path=os.path.join(node_log_dir(inputs.log_dir, node.host,
-                                                          len(inputs.nodes)), "scheduler.log"),
+                       log_path=os.path.join(node_log_dir(inputs, node.host), "scheduler.log"),
                        env=env, argv=(config.python, "-m", SCHEDULER_MODULE))
 
 
-def node_log_dir(log_dir: str, host: str, nnodes: int) -> str:
+def node_log_dir(inputs: PlanInputs, host: str) -> str:
     """Where a node keeps its ranks' own logs: the job's log dir, or a folder per host when
-    several nodes may share one file system (node 0 gathers streamed copies at the top)."""
-    return log_dir if nnodes == 1 else os.path.join(log_dir, "hosts", host)
+    nodes may share one file system (node 0 then gathers streamed copies at the top)."""
+    separate = len(inputs.nodes) > 1 or inputs.agents
+    return os.path.join(inputs.log_dir, "hosts", host) if separate else inputs.log_dir
 
 
 def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[str, str]:

@@ -136,6 +136,7 @@ class Supervisor:
             if deadline is not None and time.time() > deadline and self._stuck_ranks(group):
                 return Outcome.STARTUP_TIMEOUT, ended, []
             self._wake.wait(_TICK)
+            self._wake.clear()
 
     def _report_exits(self, exits: list[Exit]) -> None:
         for exit_ in exits:

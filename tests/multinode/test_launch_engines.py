@@ -61,3 +61,21 @@ def test_mpirun_runs_one_agent_per_host(ssh_cluster, weird_tmp: Path) -> None:
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
     assert set(sums.values()) == {_reference(weird_tmp)}
     assert_no_job_processes("mpi-job")
+
+
+def test_by_hand_on_each_node_like_msrun(ssh_cluster, weird_tmp: Path) -> None:
+    a, b = ssh_cluster.names
+    master = ssh_cluster.addresses[0]
+    procs = [ssh_cluster.popen_on(host, npu_launch_argv(
+        "--nnodes", "2", "--node-rank", str(i), "--master-addr", master, "--master-port", "29650",
+        "--cards", "1", "--device", "cpu", "--job-id", "by-hand", "--log-dir",
+        str(weird_tmp / "byhand"), JOB, "--steps", "3"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=weird_tmp) for i, host in enumerate((a, b))]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0, err[-3000:]
+    sums = {**_checksums(outs[0][0]), **_checksums(outs[1][0])}
+    assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
+    assert set(sums.values()) == {_reference(weird_tmp)}
+    assert (weird_tmp / "byhand" / "hosts" / b / "summary.json").exists()
+    assert_no_job_processes("by-hand")
