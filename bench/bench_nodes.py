@@ -39,8 +39,9 @@ def run(argv: list[str], env: dict) -> tuple[float, float]:
     marks = work / "marks"
     marks.mkdir()
     start = time.time()
-    subprocess.run(argv + ["--log-dir", str(work / "logs"), str(JOB)], cwd=work,
-                   env={**env, "BENCH_OUT": str(marks), "BENCH_MODE": "ok"},
+    # --env: other hosts get only what is forwarded (see README, Hostfile).
+    subprocess.run(argv + ["--log-dir", str(work / "logs"), "--env", f"BENCH_OUT={marks}",
+                           "--env", "BENCH_MODE=ok", str(JOB)], cwd=work, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600)
     end = time.time()
     inits = [float(line.split()[1]) for f in marks.glob("rank_*.txt")
