@@ -215,7 +215,12 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any],
     settings = read_config_file(path)
     section: dict[str, Any] = {}
     if isinstance(settings.get("parallel", FileSetting(None, 0)).value, dict):
+        line = settings["parallel"].line
         section = settings.pop("parallel").value
+        try:
+            ParallelConfig.from_mapping(section)
+        except ConfigError as e:
+            raise ConfigError(f"{path}:{line}: {e.message}") from None
     by_key = {_file_key(p): p for p in ctx.command.params if p.name and p.name != "config_file"}
     check_known_keys(path, settings, by_key)
     merged = dict(options)

@@ -135,4 +135,5 @@ def test_parallel_section_of_config_file_and_flags_over_it(weird_tmp: Path) -> N
     parallel = json.loads(json.loads(result.stdout)["ranks"][0]["env"]["NPU_LAUNCH_PARALLEL"])
     assert (parallel["mode"], parallel["dp"], parallel["mp"], parallel["seed"]) == ("semi", 2, 2, 9)
     cfg.write_text("device: cpu\ncards: 2\nparallel:\n  mode: data\n  shards: 2\n")
-    _one_line_error(run_launcher("--config", str(cfg), SCRIPT), "unknown key 'shards'")
+    _one_line_error(run_launcher("--config", str(cfg), SCRIPT), f"{cfg}:3: parallel: unknown key "
+                    "'shards'")
