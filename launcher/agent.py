@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from launcher import control
@@ -47,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         "only the first)")
     args = parser.parse_args(argv)
     from_stdin = args.plan == "-"
-    body = json.loads(_read_line(0) if from_stdin else open(args.plan).read())
+    body = json.loads(_read_line(0) if from_stdin else Path(args.plan).read_bytes())
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
     settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter(),
@@ -57,7 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 def _read_line(fd: int) -> bytes:
-    """The payload line from ``fd``; node 0 sends nothing after it but, at last, EOF."""
+    """The payload line from ``fd``; node 0 writes nothing more until every node's ranks are
+    done (``finish``), so no later byte is read here by mistake."""
     data = bytearray()
     while not data.endswith(b"\n"):
         chunk = os.read(fd, 65536)
