@@ -30,7 +30,8 @@ _FILE_ONLY_KEYS = ("script", "script_args")
 
 
 class LaunchGroup(click.Group):
-    """A group whose default command is ``run``: ``npu-launch train.py`` = ``npu-launch run train.py``."""
+    """A group whose default command is ``run``: ``npu-launch train.py`` is
+    ``npu-launch run train.py``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):

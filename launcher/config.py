@@ -32,7 +32,8 @@ class ConsoleFilter:
         try:
             return cls(frozenset(int(part) for part in text.split(",")))
         except ValueError:
-            raise ConfigError(f"--console {text}: expected 'all', 'none' or ranks like 0,3") from None
+            raise ConfigError(f"--console {text}: expected 'all', 'none' or ranks like 0,3") \
+                from None
 
     def shows(self, rank: Optional[int]) -> bool:
         return self.ranks is None or rank in self.ranks

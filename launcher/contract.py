@@ -150,4 +150,5 @@ def _first_int(environ: Mapping[str, str], names: tuple, default: int) -> int:
     try:
         return int(environ[name])
     except ValueError:
-        raise ValueError(f"environment variable {name}: {environ[name]!r} is not an integer") from None
+        raise ValueError(f"environment variable {name}: {environ[name]!r} is not an "
+                         "integer") from None

@@ -22,15 +22,16 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol, Sequence, Union
+from typing import Any, Optional, Protocol, Sequence, Union
 
 import mindspore as ms
 import numpy as np
-from mindspore import amp as ms_amp
-from mindspore import nn, ops
+from mindspore import nn
 
 from launcher import contract
 from parallel import amp, checkpoint, events
+from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,
+                                  NetWithLoss, RowGather, ScaledLoss, TrainStep)
 
 log = logging.getLogger(__name__)
 
@@ -207,159 +208,6 @@ class Callback:
         """After the last step."""
 
 
-# The compiled cells -------------------------------------------------------------------------------
-
-class _NetWithLoss(nn.Cell):
-    """``loss_fn(network(*inputs), label)`` for a batch ``(*inputs, label)``."""
-
-    def __init__(self, network: nn.Cell, loss_fn: nn.Cell) -> None:
-        super().__init__(auto_prefix=False)
-        self.network = network
-        self.loss_fn = loss_fn
-
-    def construct(self, *batch: Any) -> Any:
-        return self.loss_fn(self.network(*batch[:-1]), batch[-1])
-
-
-class _ScaledLoss(nn.Cell):
-    """The loss times the loss scale: what the backward pass differentiates."""
-
-    def __init__(self, net_with_loss: nn.Cell, scaler: Any) -> None:
-        super().__init__(auto_prefix=False)
-        self.net_with_loss = net_with_loss
-        self.scaler = scaler
-        self.scaled = scaler is not None
-
-    def construct(self, *batch: Any) -> Any:
-        loss = self.net_with_loss(*batch)
-        if self.scaled:
-            loss = self.scaler.scale(loss)
-        return loss
-
-
-class _Update(nn.Cell):
-    """The common tail of a step: all-reduce, unscale, finiteness, clipping, update, rescale."""
-
-    def __init__(self, optimizer: nn.Optimizer, scaler: Any, options: TrainOptions,
-                 reduce_degree: int) -> None:
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.scaler = scaler
-        self.scaled = scaler is not None
-        self.check_finite = options.checks_finite
-        self.clip = options.clip_grad_norm is not None
-        self.clip_norm = float(options.clip_grad_norm or 1.0)
-        self.reduce = reduce_degree > 1
-        self.reducer = (nn.DistributedGradReducer(self.weights, True, reduce_degree)
-                        if self.reduce else nn.Identity())
-
-    def unscale_loss(self, loss: Any) -> Any:
-        if self.scaled:
-            loss = self.scaler.unscale(loss)
-        return loss
-
-    def update(self, grads: Any) -> Any:
-        if self.reduce:
-            grads = self.reducer(grads)
-        if self.scaled:
-            grads = self.scaler.unscale(grads)
-        finite = True
-        if self.check_finite:
-            finite = ms_amp.all_finite(grads)
-        if self.clip:
-            grads = ops.clip_by_global_norm(grads, self.clip_norm)
-        if finite:
-            self.optimizer(grads)
-        if self.scaled:
-            self.scaler.adjust(finite)
-        return finite
-
-
-class _TrainStep(_Update):
-    """One batch, one update."""
-
-    def __init__(self, scaled_loss: nn.Cell, optimizer: nn.Optimizer, scaler: Any,
-                 options: TrainOptions, reduce_degree: int) -> None:
-        super().__init__(optimizer, scaler, options, reduce_degree)
-        self.scaled_loss = scaled_loss
-        self.grad_fn = ms.value_and_grad(scaled_loss, None, self.weights)
-
-    def construct(self, *batch: Any) -> Any:
-        loss, grads = self.grad_fn(*batch)
-        return self.unscale_loss(loss), self.update(grads)
-
-
-class _Accumulators:
-    """Buffers the accumulate and apply steps share: one per weight, plus the loss sum."""
-
-    def __init__(self, weights: Any) -> None:
-        self.grads = weights.clone(prefix="npu_launch_accum", init="zeros")
-        self.loss = ms.Parameter(ms.Tensor(0.0, ms.float32), name="npu_launch_accum_loss",
-                                 requires_grad=False)
-
-
-class _AccumulateStep(nn.Cell):
-    """Adds one micro-batch's (scaled) gradients and loss to the accumulators."""
-
-    def __init__(self, scaled_loss: nn.Cell, weights: Any, buffers: _Accumulators) -> None:
-        super().__init__(auto_prefix=False)
-        self.scaled_loss = scaled_loss
-        self.grad_fn = ms.value_and_grad(scaled_loss, None, weights)
-        self.grads = buffers.grads
-        self.loss = buffers.loss
-        self.hyper_map = ops.HyperMap()
-
-    def construct(self, *batch: Any) -> Any:
-        loss, grads = self.grad_fn(*batch)
-        self.hyper_map(ops.assign_add, self.grads, grads)
-        ops.assign_add(self.loss, loss)
-        return loss
-
-
-class _ApplyAccumulated(_Update):
-    """Averages the accumulators over the window, updates, and zeroes them."""
-
-    def __init__(self, optimizer: nn.Optimizer, scaler: Any, options: TrainOptions,
-                 reduce_degree: int, buffers: _Accumulators) -> None:
-        super().__init__(optimizer, scaler, options, reduce_degree)
-        self.grads = buffers.grads
-        self.loss = buffers.loss
-        self.hyper_map = ops.HyperMap()
-
-    def construct(self, inv_count: Any) -> Any:
-        grads = self.hyper_map(ops.partial(ops.mul, inv_count), self.grads)
-        loss = self.unscale_loss(self.loss * inv_count)
-        finite = self.update(grads)
-        self.hyper_map(ops.assign, self.grads, self.hyper_map(ops.zeros_like, self.grads))
-        ops.assign(self.loss, ops.zeros_like(self.loss))
-        return loss, finite
-
-
-class _EvalStep(nn.Cell):
-    """Forward only: ``(loss, logits)``."""
-
-    def __init__(self, network: nn.Cell, loss_fn: nn.Cell) -> None:
-        super().__init__(auto_prefix=False)
-        self.network = network
-        self.loss_fn = loss_fn
-
-    def construct(self, *batch: Any) -> Any:
-        logits = self.network(*batch[:-1])
-        return self.loss_fn(logits, batch[-1]), logits
-
-
-class _RowGather(nn.Cell):
-    """AllGather of one small float32 row per rank over the world group."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.all_gather = ops.AllGather()
-
-    def construct(self, row: Any) -> Any:
-        return self.all_gather(row)
-
-
 # Throughput --------------------------------------------------------------------------------------
 
 class _Meter:
@@ -433,7 +281,7 @@ class Trainer:
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
         self._pending_manifests: set[int] = set()
-        self._gather: Optional[_RowGather] = None
+        self._gather: Optional[RowGather] = None
         self._replicas_checked = False
         if self.options.resume is ResumeMode.AUTO:
             self._resume()
@@ -449,16 +297,16 @@ class Trainer:
 
     def _build_cells(self) -> None:
         options, degree = self.options, self.world_size if self.data_parallel else 1
-        scaled = _ScaledLoss(_NetWithLoss(self.amp_network, self.loss_fn), self.scaler)
+        scaled = ScaledLoss(NetWithLoss(self.amp_network, self.loss_fn), self.scaler)
         if options.grad_accumulation == 1:
-            self._step = _TrainStep(scaled, self.optimizer, self.scaler, options, degree)
+            self._step = TrainStep(scaled, self.optimizer, self.scaler, options, degree)
             self._train_cells: tuple[nn.Cell, ...] = (self._step,)
         else:
-            buffers = _Accumulators(self.optimizer.parameters)
-            self._accumulate = _AccumulateStep(scaled, self.optimizer.parameters, buffers)
-            self._apply = _ApplyAccumulated(self.optimizer, self.scaler, options, degree, buffers)
+            buffers = Accumulators(self.optimizer.parameters)
+            self._accumulate = AccumulateStep(scaled, self.optimizer.parameters, buffers)
+            self._apply = ApplyAccumulated(self.optimizer, self.scaler, options, degree, buffers)
             self._train_cells = (self._accumulate, self._apply)
-        self._eval_step = _EvalStep(self.amp_network, self.loss_fn)
+        self._eval_step = EvalStep(self.amp_network, self.loss_fn)
 
     def _resume(self) -> None:
         manifest = checkpoint.latest_complete(self.options.ckpt_dir)
@@ -715,7 +563,7 @@ class Trainer:
 
     def _gather_rows(self, row: np.ndarray) -> np.ndarray:
         if self._gather is None:
-            self._gather = _RowGather()
+            self._gather = RowGather()
         return self._gather(ms.Tensor(row[None, :], ms.float32)).asnumpy()
 
 
