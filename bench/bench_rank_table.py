@@ -16,7 +16,6 @@ median and best of each phase:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time

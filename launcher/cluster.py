@@ -177,7 +177,7 @@ class ClusterSupervisor:
             message = (f"npu-launch: job {job} finished: {self._plan.world_size} rank(s) on "
                        f"{self._plan.nnodes} node(s) exited 0 in {time.time() - started:.1f} s; "
                        f"logs in {self._plan.log_dir}")
-        return JobResult(outcome, code, exits, None, message, started, {}, time.time())
+        return JobResult(outcome, code, None, message, time.time())
 
 
 def _agent_failure(exit_: Exit, job_id: str) -> tuple[int, str]:

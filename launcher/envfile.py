@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from launcher import contract
 from launcher.errors import ConfigError
 
-FORWARDED_PREFIXES = ("MS_", "HCCL_", "ASCEND_", "PYTHON", "NPU_LAUNCH_", "GLOG_", "OMP_",
+FORWARDED_PREFIXES = ("MS_", "HCCL_", "ASCEND_", "PYTHON", contract.PREFIX, "GLOG_", "OMP_",
                       "LD_LIBRARY_PATH")
 ENV_FILE = ".npu_launch_env"
 # Set per process by the plan itself; node 0's values would be wrong elsewhere.

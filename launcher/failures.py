@@ -21,9 +21,8 @@ LOG_TAIL_LINES = 15
 
 
 class Outcome(str, enum.Enum):
-    """How a job ended. ``running`` -> one of the others, never back."""
+    """How a job ended."""
 
-    RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STARTUP_TIMEOUT = "startup-timeout"

@@ -169,8 +169,7 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     nodes = tuple(Node(host if i == node_rank else f"node{i}", i, cards) for i in range(nnodes))
     master_addr = config.master_addr or "127.0.0.1"
     port = _master_port(config, master_addr, check=node_rank == 0)
-    extra = forwarded_env(environ, config.workdir) if nnodes > 1 else {}
-    return Job(_plan(config, environ, nodes, device, master_addr, port, extra), None, node_rank)
+    return Job(_plan(config, environ, nodes, device, master_addr, port, {}), None, node_rank)
 
 
 def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:

@@ -124,9 +124,6 @@ class LaunchPlan:
     def on_node(self, node_rank: int) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.node_rank == node_rank)
 
-    def node_hosts(self) -> dict[int, str]:
-        return {p.node_rank: p.host for p in self.processes}
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, default=_json_default)
 

@@ -32,15 +32,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @dataclasses.dataclass(frozen=True)
 class JobResult:
-    """How the job ended, per process and as a whole."""
+    """How the job ended: the outcome, the launcher's exit code, the block it prints."""
 
     outcome: Outcome
     exit_code: int
-    exits: tuple[Exit, ...]
     root_cause: Optional[Failure]
     message: str
-    started_at: float
-    initialised_at: Mapping[int, float]
     ended_at: float
 
 
@@ -70,7 +67,7 @@ class Supervisor:
         self._console = console_stream or Console(sys.stdout.buffer)
         self._on_event = on_event
         self._tails = {s.rank: EventTail(s.events_path) for s in self._specs if s.rank is not None}
-        self._initialised: dict[int, float] = {}
+        self._initialised: set[int] = set()
         self._in_init: set[int] = set()
         self._signal: Optional[int] = None
         self._wake = threading.Event()
@@ -100,8 +97,7 @@ class Supervisor:
             for tail in self._tails.values():
                 tail.close()
         self._report_exits(ended_at_close)
-        return self._result(outcome, failures, tuple(ended) + tuple(ended_at_close), stuck,
-                            started)
+        return self._result(outcome, failures, stuck, started)
 
     def _start_all(self, group: ProcessGroup) -> None:
         for spec in self._specs:
@@ -215,11 +211,11 @@ class Supervisor:
                 elif kind == contract.EVENT_INIT_STARTED:
                     self._in_init.add(rank)
                 elif kind == contract.EVENT_INITIALISED:
-                    self._initialised.setdefault(rank, float(event.get("time", time.time())))
+                    self._initialised.add(rank)
                 self._emit(event)
 
-    def _result(self, outcome: Outcome, failures: list[Failure], exits: tuple[Exit, ...],
-                stuck: list[ProcessSpec], started: float) -> JobResult:
+    def _result(self, outcome: Outcome, failures: list[Failure], stuck: list[ProcessSpec],
+                started: float) -> JobResult:
         job = self._plan.job_id
         cause = root_cause(failures)
         if cause is not None:
@@ -237,8 +233,7 @@ class Supervisor:
             code = 0
             message = (f"npu-launch: job {job} finished: {len(self._tails)} rank(s) exited 0 "
                        f"in {time.time() - started:.1f} s; logs in {self._plan.log_dir}")
-        return JobResult(outcome, code, exits, cause, message, started,
-                         dict(self._initialised), time.time())
+        return JobResult(outcome, code, cause, message, time.time())
 
     def _install_signal_handlers(self) -> dict[int, object]:
         previous = {}

@@ -3,7 +3,6 @@ processes a job left behind (by the job id in their environment, as the launcher
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -48,11 +47,19 @@ def job_pids(job_id: str) -> list[int]:
     return pids
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie, or a process gone while we looked, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
     """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
     left = job_pids(job_id)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not left and not alive, f"job {job_id} left processes: {left or alive}"
+    running = [p for p in pids if alive(p)]
+    assert not left and not running, f"job {job_id} left processes: {left or running}"
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> object:

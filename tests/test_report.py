@@ -1,7 +1,6 @@
 """``npu-launch report``: the summary table and the PNG, from files the real monitor wrote."""
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess

@@ -10,13 +10,12 @@ import json
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import (RANK_SCRIPTS, assert_no_job_processes, initialised, job_pids,
+from conftest import (RANK_SCRIPTS, alive, assert_no_job_processes, initialised, job_pids,
                       npu_launch_argv, run_launcher, wait_for)
 
 pytestmark = pytest.mark.mindspore
@@ -72,7 +71,7 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
     psutil.Process(victim).kill()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL, err
-    assert f"rank 1 on" in err and f"(pid {victim}) killed by SIGKILL" in err
+    assert "rank 1 on" in err and f"(pid {victim}) killed by SIGKILL" in err
     assert_no_job_processes("kill-job", seen)
 
 
@@ -109,8 +108,7 @@ def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
     seen = tuple(job_pids("orphan-job"))
     proc.kill()
     proc.communicate(timeout=60)
-    gone = lambda: not job_pids("orphan-job") and not [p for p in seen if psutil.pid_exists(p)
-                                                       and psutil.Process(p).status() != "zombie"]
+    gone = lambda: not job_pids("orphan-job") and not any(alive(p) for p in seen)  # noqa: E731
     wait_for(gone, "ranks to follow their dead launcher", 60)
     assert_no_job_processes("orphan-job", seen)
 
