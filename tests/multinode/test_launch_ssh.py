@@ -117,8 +117,11 @@ def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -
     second = subprocess.Popen(_argv(ssh_cluster, weird_tmp, "mn-second", JOB,
                                     "--sleep-after-init", "5", "--steps", "2"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _initialised(weird_tmp, "mn-first", ssh_cluster, 4), "first job up")
-    wait_for(lambda: _initialised(weird_tmp, "mn-second", ssh_cluster, 4), "second job up")
+    for job, proc in (("mn-first", first), ("mn-second", second)):
+        # Eight MindSpore ranks start on two cores here: give them time, and say why on failure.
+        wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4) or proc.poll() is not None,
+                 f"{job} up", 300)
+        assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
     survivors = set(job_pids("mn-second"))
     first.send_signal(signal.SIGINT)
     first.communicate(timeout=120)
