@@ -150,11 +150,18 @@ def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
         if os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
             wait_for_scheduler(os.environ)
         result = real_init(*args, **kwargs)
-        events.emit(contract.EVENT_INITIALISED)
+        events.emit(contract.EVENT_INITIALISED, exec_mode=_exec_mode())
         return result
     init.__wrapped__ = real_init  # type: ignore[attr-defined]
     init.__doc__ = real_init.__doc__
     return init
+
+
+def _exec_mode() -> str:
+    """``graph`` or ``pynative``: the mode MindSpore's context is in now (MindSpore is loaded)."""
+    import mindspore
+
+    return "graph" if mindspore.get_context("mode") == mindspore.GRAPH_MODE else "pynative"
 
 
 def wait_for_scheduler(environ: "os._Environ[str] | dict[str, str]") -> None:

@@ -12,13 +12,13 @@ a launcher-level setting must hold for every network the script builds.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, Union
 
 import mindspore as ms
 
 from launcher import contract
 from parallel import events
-from parallel.config import DeviceTarget, ParallelConfig, ParallelMode
+from parallel.config import DeviceTarget, ExecMode, ParallelConfig, ParallelMode
 from parallel.topology import RankInfo, coordinates_of, groups_of
 
 _DEVICE_KINDS = {"npu": DeviceTarget.ASCEND, "ascend": DeviceTarget.ASCEND, "cpu": DeviceTarget.CPU}
@@ -28,22 +28,27 @@ class NeedsAscendError(RuntimeError):
     """The parallel configuration cannot run on this rank's device (CPU)."""
 
 
-def init(config: Optional[ParallelConfig] = None) -> RankInfo:
-    """Select the device, join the cluster, apply the parallel mode and seed; describe this rank.
+def init(config: Optional[ParallelConfig] = None, *,
+         exec_mode: Union[ExecMode, str, None] = None) -> RankInfo:
+    """Select the device and execution mode, join the cluster, apply the parallel mode and seed.
 
     ``config`` defaults to the JSON in ``$NPU_LAUNCH_PARALLEL`` (else plain data parallelism).
-    In debug mode (``$NPU_LAUNCH_DEBUG=1``) or for a lone process (world size 1, no ``MS_ROLE``)
-    there is no communication init; debug mode also switches to PyNative.
-    Raises ``NeedsAscendError`` before touching the cluster when the layout needs Ascend and the
-    device is CPU, and ``launcher.errors.ConfigError`` when the layout does not fit the world.
+    The rank runs in GRAPH_MODE (MindSpore's own default is PyNative) unless ``exec_mode`` says
+    ``"pynative"``, or in debug mode (``$NPU_LAUNCH_DEBUG=1``, set by ``npu-launch --debug``), which
+    runs PyNative so breakpoints stop inside ``construct``.
+    In debug mode or for a lone process (world size 1, no ``MS_ROLE``) there is no communication
+    init. Raises ``NeedsAscendError`` before touching the cluster when the layout needs Ascend and
+    the device is CPU, ``ValueError`` for an unknown ``exec_mode``, and
+    ``launcher.errors.ConfigError`` when the layout does not fit the world.
     """
     environ = os.environ
     identity = contract.RankIdentity.from_environ(environ)
+    mode, mode_source = choose_exec_mode(exec_mode, identity.debug)
     nnodes = _nnodes(environ)
     config = (config or config_from_environ(environ)).validate(identity.world_size, nnodes)
     device = select_device(identity.device_kind)
     check_supported(config, device)
-    _set_device(device, identity.device_id, identity.debug)
+    _set_device(device, identity.device_id, mode)
     rank, world = identity.rank, identity.world_size
     if _joins_cluster(identity, environ):
         rank, world = _init_communication()
@@ -53,9 +58,22 @@ def init(config: Optional[ParallelConfig] = None) -> RankInfo:
     info = RankInfo(rank=rank, world_size=world, local_rank=identity.local_rank,
                     device_id=identity.device_id, device_target=device,
                     coords=coordinates_of(rank, config, world), groups=groups_of(rank, config, world),
-                    config=config)
+                    config=config, exec_mode=mode, exec_mode_source=mode_source)
     _report(info)
     return info
+
+
+def choose_exec_mode(asked: Union[ExecMode, str, None], debug: bool) -> Tuple[ExecMode, str]:
+    """The execution mode and who chose it: ``--debug`` wins, then ``asked``, else GRAPH."""
+    if debug:
+        return ExecMode.PYNATIVE, "--debug"
+    if asked is None:
+        return ExecMode.GRAPH, "parallel.init()"
+    try:
+        mode = ExecMode(asked.lower() if isinstance(asked, str) else asked)
+    except ValueError:
+        raise ValueError(f"parallel.init(exec_mode={asked!r}): expected 'graph' or 'pynative'") from None
+    return mode, f"parallel.init(exec_mode={mode.value!r})"
 
 
 def config_from_environ(environ: Mapping[str, str]) -> ParallelConfig:
@@ -123,9 +141,8 @@ def _init_communication() -> Tuple[int, int]:
     return communication.get_rank(), communication.get_group_size()
 
 
-def _set_device(device: DeviceTarget, device_id: int, debug: bool) -> None:
-    if debug:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+def _set_device(device: DeviceTarget, device_id: int, mode: ExecMode) -> None:
+    ms.set_context(mode=ms.GRAPH_MODE if mode is ExecMode.GRAPH else ms.PYNATIVE_MODE)
     if not hasattr(ms, "set_device"):  # MindSpore < 2.5
         ms.set_context(device_target=device.value, device_id=device_id)
     elif device is DeviceTarget.ASCEND:
@@ -142,6 +159,7 @@ def _nnodes(environ: Mapping[str, str]) -> int:
 def _report(info: RankInfo) -> None:
     events.emit(contract.EVENT_INITIALISED, world_size=info.world_size, local_rank=info.local_rank,
                 device_target=info.device_target.value, mode=info.config.mode.value,
+                exec_mode=info.exec_mode.value,
                 dp=info.config.dp, mp=info.config.mp, pp=info.config.pp,
                 dp_index=info.coords.dp_index, mp_index=info.coords.mp_index,
                 pp_stage=info.coords.pp_stage)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Tuple
 
-from parallel.config import DeviceTarget, ParallelConfig
+from parallel.config import DeviceTarget, ExecMode, ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,9 @@ class RankInfo:
     groups: RankGroups
     config: ParallelConfig
     """Resolved: ``dp`` is always set."""
+    exec_mode: ExecMode = ExecMode.GRAPH
+    exec_mode_source: str = "parallel.init()"
+    """Who chose ``exec_mode``, for messages: ``parallel.init()``, ``--debug``, ``exec_mode=...``."""
 
     @classmethod
     def in_layout(cls, rank: int, world_size: int, config: ParallelConfig, *, local_rank: int = 0,

@@ -272,7 +272,7 @@ class Trainer:
         self.callbacks = tuple(callbacks)
         self.batches_per_epoch = _batches_per_epoch(train_ds)
         self.data_parallel = self.world_size > 1 and _parallel_mode() in _DATA_PARALLEL_MODES
-        _warn_about_context(self.world_size)
+        _warn_about_context(self.world_size, info)
         self.amp_network = self._apply_amp()
         self.scaler = amp.make_scaler(self.options.loss_scale)
         self._build_cells()
@@ -585,13 +585,24 @@ def _parallel_mode() -> str:
     return str(ms.get_auto_parallel_context("parallel_mode"))
 
 
-def _warn_about_context(world_size: int) -> None:
+def _warn_about_context(world_size: int, info: Optional[RankLike]) -> None:
     if ms.get_context("mode") == ms.PYNATIVE_MODE:
-        log.warning("PyNative mode: the train step runs eagerly, 2-3x slower than in GRAPH_MODE "
-                    "(parallel.init() selects GRAPH_MODE outside --debug)")
+        log.warning("PyNative mode (%s): the train step runs eagerly, about 2x slower than in "
+                    "GRAPH_MODE", _pynative_source(info))
     if world_size > 1 and _parallel_mode() == "stand_alone":
         log.warning("world size %d but parallel mode stand_alone: gradients are not all-reduced, "
                     "each rank trains on its own (call parallel.init() first)", world_size)
+
+
+def _pynative_source(info: Optional[RankLike]) -> str:
+    """Who put the rank in PyNative, as far as this rank can tell."""
+    chosen = getattr(info, "exec_mode", None)
+    if chosen is not None and chosen.value == "pynative":
+        return f"chosen by {info.exec_mode_source}"  # type: ignore[union-attr]
+    if chosen is not None:
+        return f"set after {info.exec_mode_source} selected GRAPH_MODE"  # type: ignore[union-attr]
+    return ("MindSpore's default: parallel.init() selects GRAPH_MODE, or call "
+            "mindspore.set_context(mode=mindspore.GRAPH_MODE)")
 
 
 def _batches_per_epoch(dataset: Any) -> int:
