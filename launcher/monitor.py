@@ -11,7 +11,11 @@ above it and are never overwritten, whoever writes them and whenever, and the ta
 place at most once a second. ``close`` lifts the region, erases the table and prints its last
 state once as ordinary lines. The caller decides ``live`` (a TTY whose ``TERM`` is not ``dumb``).
 Elsewhere (a log file, CI) the monitor prints one plain line at most every 10 s, and only once
-new step events came in since the last one.
+new step or eval events came in since the last one. Both show the held-out accuracy and loss of
+the last evaluation, and the execution mode: the table's title always, the plain line only when it
+is not GRAPH_MODE everywhere (PyNative is about 2x slower, worth a look). A rank's mode is the last
+one it reported: ``initialised`` says what ``init()`` chose, the trainer's first ``step`` and its
+``finished`` what the train step ran in.
 
 Stalls. With a hang timeout, a rank is stalled once it made no progress (no step event; before
 its first one, its ``initialised`` event) for longer than the timeout while some other rank
@@ -38,10 +42,10 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
 
 from launcher import contract
+from parallel.config import ExecMode
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-EVENT_EVAL = "eval"
 EVENT_EXITED = "exited"
 """The monitor's own record in metrics.jsonl when a local rank exits (``returncode``)."""
 EVENT_JOB = "job"
@@ -51,7 +55,7 @@ _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
 _STALL_CHECK_INTERVAL = 0.5
 _MAX_TABLE_ROWS = 8
-_LABEL_WIDTH = 24
+_LABEL_WIDTH = 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,34 @@ def describe_stall(stall: Stall, job_id: str) -> str:
             f"no progress for {stall.silent_for:.0f} s while other ranks advanced")
 
 
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One held-out evaluation a rank reported (``contract.EVENT_EVAL``); ``time`` is the rank's
+    clock, ``epoch`` the epochs completed when it ran."""
+
+    epoch: Optional[int]
+    step: Optional[int]
+    loss: Optional[float]
+    accuracy: Optional[float]
+    samples: Optional[int]
+    time: Optional[float]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "Evaluation":
+        """The evaluation an eval record describes; missing or odd fields become None."""
+        return cls(epoch=as_int(record.get("epoch")), step=as_int(record.get("step")),
+                   loss=as_float(record.get("loss")), accuracy=as_float(record.get("accuracy")),
+                   samples=as_int(record.get("samples")), time=as_float(record.get("time")))
+
+
+def exec_mode_of(value: Any) -> Optional[ExecMode]:
+    """``graph``/``pynative`` as an ``ExecMode``; None for anything else (or nothing)."""
+    try:
+        return ExecMode(value)
+    except (ValueError, TypeError):
+        return None
+
+
 @dataclasses.dataclass
 class RankState:
     """What one rank has reported so far; it folds that rank's records in arrival order.
@@ -87,7 +119,8 @@ class RankState:
     loss: Optional[float] = None
     samples_per_s: Optional[float] = None
     final_loss: Optional[float] = None
-    eval: Optional[dict[str, Any]] = None
+    exec_mode: Optional[ExecMode] = None
+    evals: list[Evaluation] = dataclasses.field(default_factory=list)
     last_event: str = ""
     last_event_time: Optional[float] = None
     seen_at: Optional[float] = None
@@ -102,13 +135,21 @@ class RankState:
         """Finished training or gone: no longer expected to make progress."""
         return self.finished or self.exited
 
+    @property
+    def last_eval(self) -> Optional[Evaluation]:
+        """The most recent evaluation, if any."""
+        return self.evals[-1] if self.evals else None
+
     def to_summary(self) -> dict[str, Any]:
         """This rank's entry in summary.json; without a ``finished`` loss, the last step's."""
         final_loss = self.final_loss if self.final_loss is not None else self.loss
+        last = self.last_eval
         return {"rank": self.rank, "host": self.host, "exit_code": self.exit_code,
                 "steps": self.step, "final_loss": final_loss, "samples_per_s": self.samples_per_s,
-                "eval": self.eval, "last_event": self.last_event,
-                "last_event_time": self.last_event_time}
+                "exec_mode": self.exec_mode.value if self.exec_mode else None,
+                "eval": dataclasses.asdict(last) if last else None,
+                "evals": [dataclasses.asdict(e) for e in self.evals],
+                "last_event": self.last_event, "last_event_time": self.last_event_time}
 
 
 class JobState:
@@ -127,6 +168,7 @@ class JobState:
         kind = str(record.get("event", ""))
         state.last_event, state.seen_at = kind, seen_at
         state.last_event_time = as_float(record.get("time"))
+        state.exec_mode = exec_mode_of(record.get("exec_mode")) or state.exec_mode
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, state, record, seen_at)
@@ -182,7 +224,7 @@ def _on_finished(job: JobState, state: RankState, record: Mapping[str, Any],
 
 
 def _on_eval(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
-    state.eval = {k: v for k, v in record.items() if k not in ("event", "rank", "host", "pid")}
+    state.evals.append(Evaluation.from_record(record))
 
 
 def _on_exited(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
@@ -194,7 +236,7 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Mapping[str, Any], float], N
     contract.EVENT_STEP: _on_step,
     contract.EVENT_CHECKPOINT: _on_checkpoint,
     contract.EVENT_FINISHED: _on_finished,
-    EVENT_EVAL: _on_eval,
+    contract.EVENT_EVAL: _on_eval,
     EVENT_EXITED: _on_exited,
 }
 
@@ -212,10 +254,24 @@ def find_stall(ranks: Iterable[RankState], now: float, timeout: float) -> Option
 
 
 def status_line(ranks: Iterable[RankState]) -> Optional[str]:
-    """``step 120 | loss 0.31 | 1543 samples/s | slowest rank 3``, or None before any step."""
-    stepped = [s for s in ranks if s.step is not None]
-    if not stepped:
+    """``step 120 | loss 0.31 | 1543 samples/s | slowest rank 3 | held-out acc 0.95 loss 0.16
+    (epoch 2)``, plus the execution mode unless every rank runs GRAPH_MODE; None before any step.
+    """
+    states = list(ranks)
+    parts = _progress(states)
+    if not parts:
         return None
+    modes = describe_modes({s.rank: s.exec_mode for s in states})
+    if modes is not None and modes != _ALL_GRAPH:
+        parts.append(modes)
+    return " | ".join(parts)
+
+
+def _progress(states: list[RankState]) -> list[str]:
+    """Steps, mean loss, throughput, slowest rank and the last evaluation; [] before any step."""
+    stepped = [s for s in states if s.step is not None]
+    if not stepped:
+        return []
     steps = sorted(s.step for s in stepped)  # type: ignore[type-var]
     parts = [f"step {steps[0]}" if steps[0] == steps[-1] else f"step {steps[0]}-{steps[-1]}"]
     losses = [s.loss for s in stepped if s.loss is not None]
@@ -226,18 +282,64 @@ def status_line(ranks: Iterable[RankState]) -> Optional[str]:
         parts.append(f"{sum(s.samples_per_s for s in rated):.0f} samples/s")  # type: ignore[misc]
     if len(rated) > 1:
         parts.append(f"slowest rank {min(rated, key=lambda s: s.samples_per_s).rank}")  # type: ignore[arg-type, return-value]
-    return " | ".join(parts)
+    held_out = describe_evals([s.last_eval for s in states if s.last_eval is not None])
+    return parts + ([held_out] if held_out else [])
+
+
+def describe_evals(evals: list[Evaluation]) -> Optional[str]:
+    """``held-out acc 0.95 loss 0.16 (epoch 2)``: the mean over ranks of their last evaluation."""
+    accuracies = [e.accuracy for e in evals if e.accuracy is not None]
+    losses = [e.loss for e in evals if e.loss is not None]
+    if not accuracies and not losses:
+        return None
+    text = "held-out"
+    if accuracies:
+        text += f" acc {_number(sum(accuracies) / len(accuracies))}"
+    if losses:
+        text += f" loss {_number(sum(losses) / len(losses))}"
+    epochs = sorted({e.epoch for e in evals if e.epoch is not None})
+    if epochs:
+        text += f" (epoch {epochs[0]})" if len(epochs) == 1 else f" (epochs {epochs[0]}-{epochs[-1]})"
+    return text
+
+
+_ALL_GRAPH = f"{ExecMode.GRAPH.value} mode"
+
+
+def describe_modes(modes: Mapping[int, Optional[ExecMode]]) -> Optional[str]:
+    """``graph mode`` when every rank that said agrees, else ``graph on ranks 0-2, pynative on
+    rank 3``; None when no rank said."""
+    by_mode: dict[ExecMode, list[int]] = {}
+    for rank, mode in sorted(modes.items()):
+        if mode is not None:
+            by_mode.setdefault(mode, []).append(rank)
+    if len(by_mode) <= 1:
+        return next((f"{mode.value} mode" for mode in by_mode), None)
+    return ", ".join(f"{mode.value} on {_ranks_text(ranks)}" for mode, ranks in by_mode.items())
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0-2, 5``, from sorted ranks."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
 def status_table(job_id: str, ranks: Mapping[int, RankState], now: float,
                  started: float) -> list[str]:
     """The live table: a title, a header and one row per rank (the furthest behind if many)."""
     shown = _rows_to_show(ranks.values(), now)
-    title = f"npu-launch job {job_id}  {now - started:.0f} s"
-    line = status_line(ranks.values())
-    lines = [title + (f"  |  {line}" if line else ""),
-             f"{'rank':<{_LABEL_WIDTH}} {'step':>8} {'loss':>10} {'samples/s':>10} "
-             f"{'last event':>12} {'ago':>6}"]
+    modes = describe_modes({s.rank: s.exec_mode for s in ranks.values()})
+    title = f"npu-launch job {job_id}  {now - started:.0f} s" + (f"  {modes}" if modes else "")
+    progress = _progress(list(ranks.values()))
+    lines = [title + (f"  |  {' | '.join(progress)}" if progress else ""),
+             f"{'rank':<{_LABEL_WIDTH}} {'step':>7} {'loss':>9} {'samples/s':>9} "
+             f"{'eval acc':>8} {'last event':>12} {'ago':>6}"]
     lines += [_table_row(s, now) for s in shown]
     if len(ranks) > len(shown):
         lines.append(f"... and {len(ranks) - len(shown)} more ranks (showing the furthest behind)")
@@ -263,9 +365,12 @@ def _table_row(s: RankState, now: float) -> str:
     step = "-" if s.step is None else str(s.step)
     loss = "-" if s.loss is None else _number(s.loss)
     rate = "-" if s.samples_per_s is None else f"{s.samples_per_s:.1f}"
+    accuracy = s.last_eval.accuracy if s.last_eval else None
+    held_out = "-" if accuracy is None else f"{accuracy:.4f}"
     event = f"exit {s.exit_code}" if s.exited else (s.last_event[:12] or "-")
     ago = "-" if s.seen_at is None else f"{max(now - s.seen_at, 0.0):.0f} s"
-    return f"{label:<{_LABEL_WIDTH}} {step:>8} {loss:>10} {rate:>10} {event:>12} {ago:>6}"
+    return (f"{label:<{_LABEL_WIDTH}} {step:>7} {loss:>9} {rate:>9} {held_out:>8} {event:>12} "
+            f"{ago:>6}")
 
 
 class _Footer:
@@ -322,7 +427,7 @@ class JobMonitor:
         self._footer = _Footer(stream, table_height(len(ranks))) if live else None
         self._next_status = self._started
         self._next_stall_check = self._started
-        self._steps_since_status = False
+        self._news_since_status = False
         self._dirty = False
         self._stall: Optional[Stall] = None
         self._first_stall: Optional[Stall] = None
@@ -337,8 +442,8 @@ class JobMonitor:
         with self._lock:
             self._append(record)
             self._state.apply(record, self._clock())
-            if record.get("event") == contract.EVENT_STEP:
-                self._steps_since_status = True
+            if record.get("event") in (contract.EVENT_STEP, contract.EVENT_EVAL):
+                self._news_since_status = True
 
     def on_exit(self, rank: int, returncode: Optional[int]) -> None:
         """A local rank's process ended (``returncode`` None: unknown)."""
@@ -386,11 +491,11 @@ class JobMonitor:
         if self._footer is not None:
             self._next_status = now + _LIVE_INTERVAL
             self._footer.draw(status_table(self._job_id, self._state.ranks, now, self._started))
-        elif self._steps_since_status:
+        elif self._news_since_status:
             line = status_line(self._state.ranks.values())
             if line is not None:
                 self._next_status = now + _PLAIN_INTERVAL
-                self._steps_since_status = False
+                self._news_since_status = False
                 _write(self._stream, f"npu-launch: {line}\n")
 
     def _finish_display(self) -> None:

@@ -18,6 +18,7 @@ from typing import Optional
 import pytest
 
 from conftest import REPO, wait_for
+from launcher import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome
 from launcher.monitor import (EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobMonitor,
@@ -56,6 +57,12 @@ def record(event: str, rank: int, t: float, **fields: object) -> dict:
 def step(rank: int, t: float, n: int, loss: float = 0.5, rate: float = 100.0) -> dict:
     return record("step", rank, t, step=n, epoch=0, loss=loss, samples_per_s=rate,
                   loss_scale=1024.0)
+
+
+def evaluation(rank: int, t: float, epoch: int, step_: int, accuracy: Optional[float],
+               loss: float) -> dict:
+    return record(contract.EVENT_EVAL, rank, t, epoch=epoch, step=step_, loss=loss,
+                  accuracy=accuracy, samples=360)
 
 
 def make_monitor(log_dir: Path, clock: FakeClock, stream: Optional[io.StringIO] = None,
@@ -118,11 +125,13 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
     assert summary["message"] == "rank 3 was killed"
     by_rank = {r["rank"]: r for r in summary["ranks"]}
     assert by_rank[1] == {"rank": 1, "host": "node-a", "exit_code": 0, "steps": 20,
-                          "final_loss": 0.25, "samples_per_s": 61.0, "eval": None,
-                          "last_event": "finished", "last_event_time": 1005.0}
+                          "final_loss": 0.25, "samples_per_s": 61.0, "exec_mode": None,
+                          "eval": None, "evals": [], "last_event": "finished",
+                          "last_event_time": 1005.0}
     assert by_rank[3] == {"rank": 3, "host": "node b", "exit_code": -9, "steps": 10,
-                          "final_loss": 0.9, "samples_per_s": 53.0, "eval": None,
-                          "last_event": "step", "last_event_time": 1002.0}
+                          "final_loss": 0.9, "samples_per_s": 53.0, "exec_mode": None,
+                          "eval": None, "evals": [], "last_event": "step",
+                          "last_event_time": 1002.0}
     assert summary["global_samples_per_s"] == pytest.approx(60 + 61 + 62 + 53)
     assert summary["last_step"] == 20 and summary["world_size"] == 4
     assert summary["checkpoints"] == [
@@ -146,11 +155,38 @@ def test_missing_and_odd_fields_are_tolerated(weird_tmp: Path) -> None:
     assert len(metrics(weird_tmp)) == 6
 
 
-def test_eval_event_fields_reach_the_summary(weird_tmp: Path) -> None:
-    monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a"})
-    monitor.on_event(record("eval", 0, 5.0, epoch=3, accuracy=0.97, loss=0.1))
-    assert monitor.close("succeeded", 0)["ranks"][0]["eval"] == {"time": 5.0, "epoch": 3,
-                                                                 "accuracy": 0.97, "loss": 0.1}
+def test_every_evaluation_reaches_the_summary_and_the_last_one_is_the_eval(weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a", 1: "node-a"})
+    monitor.on_event(evaluation(0, 5.0, epoch=1, step_=45, accuracy=0.81, loss=0.6))
+    monitor.on_event(step(0, 6.0, 50))
+    monitor.on_event({**evaluation(0, 9.0, epoch=2, step_=90, accuracy=0.97, loss=0.1),
+                      "note": "not part of an evaluation"})
+    monitor.on_event({"event": contract.EVENT_EVAL, "rank": 1, "epoch": "x", "loss": "low",
+                      "accuracy": None})
+
+    ranks = monitor.close("succeeded", 0)["ranks"]
+    first = {"epoch": 1, "step": 45, "loss": 0.6, "accuracy": 0.81, "samples": 360, "time": 5.0}
+    last = {"epoch": 2, "step": 90, "loss": 0.1, "accuracy": 0.97, "samples": 360, "time": 9.0}
+    assert ranks[0]["eval"] == last and ranks[0]["evals"] == [first, last]
+    odd = {"epoch": None, "step": None, "loss": None, "accuracy": None, "samples": None,
+           "time": None}
+    assert ranks[1]["eval"] == odd and ranks[1]["evals"] == [odd]
+    assert [r["event"] for r in metrics(weird_tmp)].count(contract.EVENT_EVAL) == 3
+
+
+def test_the_last_exec_mode_a_rank_reports_wins(weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock())
+    for rank in HOSTS:  # the rank hook's and parallel.init()'s initialised events
+        monitor.on_event(record("initialised", rank, 1.0, exec_mode="graph"))
+        monitor.on_event(record("initialised", rank, 1.1, exec_mode="graph", world_size=4))
+    monitor.on_event({**step(1, 2.0, 5), "exec_mode": "pynative"})  # switched after init()
+    monitor.on_event(step(1, 3.0, 10))  # later steps do not repeat it
+    monitor.on_event(record("finished", 2, 4.0, steps=10, exec_mode="pynative"))
+    monitor.on_event(record("finished", 3, 4.0, steps=10, exec_mode="turbo"))
+    monitor.on_event(record("initialised", 5, 1.0))  # a script that never said
+
+    modes = {r["rank"]: r["exec_mode"] for r in monitor.close("succeeded", 0)["ranks"]}
+    assert modes == {0: "graph", 1: "pynative", 2: "pynative", 3: "graph", 5: None}
 
 
 def test_close_twice_keeps_the_first_summary(weird_tmp: Path) -> None:
@@ -274,6 +310,32 @@ def test_plain_status_line_at_most_every_ten_seconds(weird_tmp: Path) -> None:
     assert out.getvalue().count("\n") == 4 and out.writes == 4
 
 
+def test_plain_status_line_reports_evaluations_and_a_mode_other_than_graph(
+        weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out)
+    for rank in HOSTS:
+        monitor.on_event(record("initialised", rank, 0.0, exec_mode="graph"))
+        monitor.on_event(step(rank, 0.0, 45, loss=0.5, rate=100.0))
+    monitor.tick()
+    clock.now = 10.0
+    for rank in HOSTS:  # the last epoch's evaluation, and no step after it
+        monitor.on_event(evaluation(rank, 10.0, 2, 90, accuracy=0.96, loss=0.125))
+    monitor.tick()
+    clock.now = 20.0
+    monitor.on_event({**step(2, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
+    monitor.on_event({**step(3, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
+    monitor.tick()
+
+    assert out.getvalue().splitlines() == [
+        "npu-launch: step 45 | loss 0.5 | 400 samples/s | slowest rank 0",
+        "npu-launch: step 45 | loss 0.5 | 400 samples/s | slowest rank 0 | "
+        "held-out acc 0.96 loss 0.125 (epoch 2)",
+        "npu-launch: step 45-95 | loss 0.5 | 400 samples/s | slowest rank 0 | "
+        "held-out acc 0.96 loss 0.125 (epoch 2) | graph on ranks 0-1, pynative on ranks 2-3"]
+
+
 def test_live_table_is_redrawn_at_most_once_a_second(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     out = CountingStream()
@@ -305,8 +367,28 @@ def test_live_close_lifts_the_region_and_leaves_the_final_table(weird_tmp: Path)
     closing = out.getvalue().rsplit("\x1b[r", 1)[1]
     lines = closing.split("\x1b8", 1)[1].splitlines()
     assert lines[0].startswith("npu-launch job job-1  3 s  |  step 7")
-    assert lines[2].split() == ["node-a:0", "-", "-", "-", "-", "-"]
-    assert lines[4].split() == ["node", "b:2", "7", "1.5", "12.0", "step", "3", "s"]
+    assert lines[1].split() == ["rank", "step", "loss", "samples/s", "eval", "acc", "last",
+                                "event", "ago"]
+    assert lines[2].split() == ["node-a:0", "-", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["node", "b:2", "7", "1.5", "12.0", "-", "step", "3", "s"]
+
+
+def test_live_table_shows_the_mode_and_each_ranks_held_out_accuracy(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
+    for rank in HOSTS:
+        monitor.on_event(record("initialised", rank, 0.0, exec_mode="graph"))
+        monitor.on_event(step(rank, 1.0, 45, loss=0.4, rate=100.0))
+        monitor.on_event(evaluation(rank, 1.5, 1, 45, accuracy=0.9 + rank / 100, loss=0.3))
+    clock.now = 2.0
+    monitor.close("succeeded", 0)  # never drawn (no tick): the final table as plain lines
+
+    lines = out.getvalue().splitlines()
+    assert lines[0] == ("npu-launch job job-1  2 s  graph mode  |  step 45 | loss 0.4 | "
+                        "400 samples/s | slowest rank 0 | held-out acc 0.915 loss 0.3 (epoch 1)")
+    assert lines[3].split() == ["node-a:1", "45", "0.4", "100.0", "0.9100", "eval", "2", "s"]
+    assert max(len(line) for line in lines[1:]) <= 79  # rows fit an 80-column terminal
 
 
 def test_live_table_follows_a_real_terminal_and_its_resizes(weird_tmp: Path) -> None:
@@ -393,13 +475,15 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     events_path = weird_tmp / "events" / "rank_3.jsonl"
     events_path.parent.mkdir()
     code = textwrap.dedent("""\
+        from launcher import contract
         from parallel import events
         events.emit("started", role="MS_WORKER")
-        events.emit("initialised")
+        events.emit("initialised", exec_mode="graph")
         for n in (1, 2, 3):
             events.emit("step", step=n, epoch=0, loss=1.0 / n, samples_per_s=250.0, loss_scale=1.0)
+        events.emit(contract.EVENT_EVAL, epoch=1, step=3, loss=0.5, accuracy=0.875, samples=8)
         events.emit("checkpoint", step=3, path="/ckpt/step_3/rank_3.ckpt")
-        events.emit("finished", steps=3, final_loss=0.4, samples_per_s=255.5)
+        events.emit("finished", steps=3, final_loss=0.4, samples_per_s=255.5, exec_mode="pynative")
         """)
     env = {**os.environ, "NPU_LAUNCH_EVENTS_FILE": str(events_path), "RANK_ID": "3",
            "RANK_SIZE": "4", "NPU_LAUNCH_HOST": "node b"}
@@ -419,6 +503,9 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     assert (rank3["host"], rank3["steps"], rank3["final_loss"], rank3["samples_per_s"],
             rank3["exit_code"], rank3["last_event"]) == ("node b", 3, 0.4, 255.5, 0, "finished")
     assert rank3["last_event_time"] == written[-1]["time"]
+    assert rank3["exec_mode"] == "pynative"
+    assert rank3["evals"] == [{"epoch": 1, "step": 3, "loss": 0.5, "accuracy": 0.875, "samples": 8,
+                               "time": written[-3]["time"]}]
     assert summary["checkpoints"] == [{"rank": 3, "step": 3, "path": "/ckpt/step_3/rank_3.ckpt",
                                        "time": written[-2]["time"]}]
 
