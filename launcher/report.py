@@ -2,8 +2,9 @@
 
 The summary comes from ``summary.json``; without one (the launcher was killed, or the job still
 runs) it is rebuilt from ``metrics.jsonl`` by the same fold the monitor uses, and the report says
-so. The plot shows loss and samples/s per rank over steps, from the step events in
-``metrics.jsonl``.
+so. The table gives every rank's execution mode and its last held-out accuracy and loss. The
+plot shows loss and samples/s per rank over steps, and the held-out accuracy and loss of every
+evaluation, from the step and eval events in ``metrics.jsonl``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import click
 from launcher.events import parse_records
 from launcher import contract
 from launcher.errors import LaunchError
-from launcher.monitor import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobState, as_float, as_int
+from launcher.monitor import (EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Evaluation, JobState, as_float,
+                              as_int, describe_modes, exec_mode_of)
 
 _MAX_LEGEND_RANKS = 16
 
@@ -60,13 +62,23 @@ class Series:
     rates: tuple[Optional[float], ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalSeries:
+    """One rank's evaluations as parallel lists (None where one lacked the value)."""
+
+    rank: int
+    steps: tuple[int, ...]
+    losses: tuple[Optional[float], ...]
+    accuracies: tuple[Optional[float], ...]
+
+
 @click.command("report")
 @click.argument("log_dir", type=click.Path())
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
               help="PNG to write [default: LOG_DIR/report.png].")
 @click.option("--no-plot", is_flag=True, help="Print the table only.")
 def report(log_dir: str, output: Optional[str], no_plot: bool) -> None:
-    """Print a job's summary and plot loss and throughput per rank."""
+    """Print a job's summary and plot loss, throughput and held-out results per rank."""
     run_report(ReportOptions.build(log_dir, output, no_plot), click.get_text_stream("stdout"))
 
 
@@ -78,11 +90,12 @@ def run_report(options: ReportOptions, out: TextIO) -> None:
     out.write(format_summary(summary) + "\n")
     if options.plot_path is None:
         return
-    series = load_series(options.metrics_path)
+    records = list(read_records(options.metrics_path)) if os.path.isfile(options.metrics_path) else []
+    series = step_series(records)
     if not any(s.steps for s in series):
         out.write(f"no step events in {options.metrics_path}: no plot\n")
         return
-    plot_series(series, options.plot_path, _plot_title(summary))
+    plot_series(series, eval_series(records), options.plot_path, _plot_title(summary))
     out.write(f"plot: {options.plot_path}\n")
 
 
@@ -138,13 +151,11 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
         yield from parse_records(f)
 
 
-def load_series(metrics_path: str) -> list[Series]:
-    """Each rank's step events from metrics.jsonl, in file order ([] without the file)."""
-    if not os.path.isfile(metrics_path):
-        return []
+def step_series(records: list[dict[str, Any]]) -> list[Series]:
+    """Each rank's step events among ``records``, in their order."""
     rows: dict[int, list[tuple[int, Optional[float], Optional[float]]]] = {}
     hosts: dict[int, str] = {}
-    for record in read_records(metrics_path):
+    for record in records:
         rank, step = as_int(record.get("rank")), as_int(record.get("step"))
         if record.get("event") != contract.EVENT_STEP or rank is None or step is None:
             continue
@@ -152,6 +163,20 @@ def load_series(metrics_path: str) -> list[Series]:
         rows.setdefault(rank, []).append((step, as_float(record.get("loss")),
                                           as_float(record.get("samples_per_s"))))
     return [Series(r, hosts[r], *map(tuple, zip(*rows[r]))) for r in sorted(rows)]  # type: ignore[arg-type]
+
+
+def eval_series(records: list[dict[str, Any]]) -> list[EvalSeries]:
+    """Each rank's eval events among ``records`` that name their step, in their order."""
+    rows: dict[int, list[Evaluation]] = {}
+    for record in records:
+        rank = as_int(record.get("rank"))
+        if record.get("event") != contract.EVENT_EVAL or rank is None:
+            continue
+        evaluation = Evaluation.from_record(record)
+        if evaluation.step is not None:
+            rows.setdefault(rank, []).append(evaluation)
+    return [EvalSeries(r, tuple(e.step for e in rows[r]), tuple(e.loss for e in rows[r]),  # type: ignore[misc]
+                       tuple(e.accuracy for e in rows[r])) for r in sorted(rows)]
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -164,12 +189,20 @@ def format_summary(summary: dict[str, Any]) -> str:
              f"throughput {_text(summary.get('global_samples_per_s'), '{:.1f}')} samples/s "
              f"(all ranks), last step {_text(summary.get('last_step'))}",
              _checkpoint_line(summary.get("checkpoints") or [])]
+    ranks = [r for r in summary.get("ranks") or [] if isinstance(r, dict)]
+    lines.append(_mode_line(ranks))
     if summary.get("message"):
         lines.append(str(summary["message"]))
     lines.append(f"{'rank':>5} {'host':<20} {'exit':>5} {'steps':>7} {'final loss':>11} "
-                 f"{'samples/s':>10}  last event")
-    lines += [_rank_row(r) for r in summary.get("ranks") or [] if isinstance(r, dict)]
+                 f"{'samples/s':>10} {'mode':>8} {'eval acc':>8} {'eval loss':>9}  last event")
+    lines += [_rank_row(r) for r in ranks]
     return "\n".join(lines)
+
+
+def _mode_line(ranks: list[dict[str, Any]]) -> str:
+    modes = {rank: exec_mode_of(r.get("exec_mode")) for rank, r in
+             ((as_int(r.get("rank")), r) for r in ranks) if rank is not None}
+    return f"execution: {describe_modes(modes) or 'mode not reported'}"
 
 
 def _checkpoint_line(checkpoints: list[Any]) -> str:
@@ -183,36 +216,60 @@ def _checkpoint_line(checkpoints: list[Any]) -> str:
 
 def _rank_row(rank: dict[str, Any]) -> str:
     last = f"{rank.get('last_event') or '-'} at {_clock(rank.get('last_event_time'))}"
+    held_out = rank.get("eval") if isinstance(rank.get("eval"), dict) else {}
     return (f"{_text(rank.get('rank')):>5} {str(rank.get('host', '?'))[:20]:<20} "
             f"{_text(rank.get('exit_code')):>5} {_text(rank.get('steps')):>7} "
             f"{_text(rank.get('final_loss'), '{:.4g}'):>11} "
-            f"{_text(rank.get('samples_per_s'), '{:.1f}'):>10}  {last}")
+            f"{_text(rank.get('samples_per_s'), '{:.1f}'):>10} "
+            f"{_text(rank.get('exec_mode')):>8} {_text(held_out.get('accuracy'), '{:.4f}'):>8} "
+            f"{_text(held_out.get('loss'), '{:.4g}'):>9}  {last}")
 
 
-def plot_series(series: list[Series], path: str, title: str) -> None:
-    """Loss (top) and samples/s (bottom) per rank against the step, as a PNG."""
+def plot_series(series: list[Series], evals: list[EvalSeries], path: str, title: str) -> None:
+    """Training loss, samples/s and held-out accuracy (solid) and loss (dashed) per rank against
+    the step, top to bottom, as a PNG; a rank keeps its colour in every panel."""
     import matplotlib  # lazily: the launcher's start-up must not pay for it
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    fig, (loss_ax, rate_ax) = plt.subplots(2, 1, sharex=True, figsize=(9, 6.5))
+    fig, (loss_ax, rate_ax, eval_ax) = plt.subplots(3, 1, sharex=True, figsize=(9, 9))
     try:
         for s in series:
-            label = f"{s.host}:{s.rank}"
-            loss_ax.plot(s.steps, _nan_for_none(s.losses), label=label, linewidth=1.2)
-            rate_ax.plot(s.steps, _nan_for_none(s.rates), label=label, linewidth=1.2)
-        _label_axes(fig, loss_ax, rate_ax, title, len(series))
+            style = {"label": f"{s.host}:{s.rank}", "color": _colour(s.rank), "linewidth": 1.2}
+            loss_ax.plot(s.steps, _nan_for_none(s.losses), **style)
+            rate_ax.plot(s.steps, _nan_for_none(s.rates), **style)
+        _plot_evals(eval_ax, evals)
+        _label_axes(fig, (loss_ax, rate_ax, eval_ax), title, len(series))
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
 
 
-def _label_axes(fig: Any, loss_ax: Any, rate_ax: Any, title: str, nseries: int) -> None:
+def _plot_evals(ax: Any, evals: list[EvalSeries]) -> None:
+    ax.set_ylabel("held-out accuracy (solid)")
+    if not evals:
+        ax.text(0.5, 0.5, "no eval events", transform=ax.transAxes, ha="center", va="center")
+        return
+    loss_ax = ax.twinx()
+    loss_ax.set_ylabel("held-out loss (dashed)")
+    for e in evals:
+        ax.plot(e.steps, _nan_for_none(e.accuracies), color=_colour(e.rank), marker="o",
+                linewidth=1.2)
+        loss_ax.plot(e.steps, _nan_for_none(e.losses), color=_colour(e.rank), marker="x",
+                     linestyle="--", linewidth=1.0)
+
+
+def _colour(rank: int) -> str:
+    return f"C{rank % 10}"
+
+
+def _label_axes(fig: Any, axes: tuple[Any, Any, Any], title: str, nseries: int) -> None:
+    loss_ax, rate_ax, eval_ax = axes
     loss_ax.set_ylabel("loss")
     rate_ax.set_ylabel("samples/s (per rank)")
-    rate_ax.set_xlabel("step")
-    for ax in (loss_ax, rate_ax):
+    eval_ax.set_xlabel("step")
+    for ax in axes:
         ax.grid(True, alpha=0.3)
     if nseries <= _MAX_LEGEND_RANKS:
         loss_ax.legend(title="host:rank", fontsize="small", ncol=min(nseries, 4))
