@@ -1,19 +1,24 @@
-"""Shared fixtures: paths with spaces and quotes, running npu-launch for real, finding the
-processes a job left behind (by the job id in their environment, as the launcher does)."""
+"""Fixtures and hooks only; what tests share otherwise is in ``helpers.py``.
+
+Hooks:
+
+* Under ``CI=true`` a skipped test fails: CI must run every test, and a skip there means a missing
+  prerequisite (sshd, root, mpirun) that would otherwise pass unnoticed. The test is reported as
+  failed (or as an error, when a fixture skipped) with the skip's reason.
+* A test module whose ``pytestmark`` carries a mark that the ``-m`` expression rejects is not
+  imported at all, so ``-m "not mindspore"`` never imports MindSpore, not even to collect.
+"""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
+import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Iterator, Optional, Union
 
-import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-RANK_SCRIPTS = Path(__file__).resolve().parent / "rank_scripts"
+from helpers import launcher_variables, module_marks, rejects_marks
+
+CI_SKIP = "skipped under CI=true, where every test must run"
 
 
 @pytest.fixture
@@ -24,61 +29,62 @@ def weird_tmp(tmp_path: Path) -> Path:
     return path
 
 
-def npu_launch_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *args]
+@pytest.fixture(scope="session")
+def lone_rank() -> object:
+    """This test process made a MindSpore rank by ``parallel.init()``, as a user's script does.
+
+    With no launcher's variables in its environment it is a lone process started by hand: it
+    joins no cluster and runs in the execution mode ``init()`` selects (GRAPH, unless asked
+    otherwise). Returns the ``RankInfo``. MindSpore is imported only once a test asks for it.
+    """
+    import parallel
+
+    with pytest.MonkeyPatch.context() as env:
+        for name in launcher_variables(os.environ):
+            env.delenv(name)
+        return parallel.init()
 
 
-def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = None,
-                 timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run npu-launch to the end; a generous timeout only guards the test run itself."""
-    return subprocess.run(npu_launch_argv(*args), cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+# CI=true: a skip is a failure ---------------------------------------------------------------------
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
 
 
-def job_pids(job_id: str) -> list[int]:
-    """Processes whose environment carries ``NPU_LAUNCH_JOB_ID=job_id``."""
-    pids = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("NPU_LAUNCH_JOB_ID") == job_id and proc.status() != "zombie":
-                pids.append(proc.pid)
-        except psutil.Error:
-            continue
-    return pids
+def _skip_reason(report: Union[pytest.TestReport, pytest.CollectReport]) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        path, line, reason = longrepr
+        return f"{reason.removeprefix('Skipped: ')} ({path}:{line})"
+    return str(longrepr)
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie, or a process gone while we looked, is not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _fail_if_ci(report: Union[pytest.TestReport, pytest.CollectReport]) -> None:
+    if report.skipped and not hasattr(report, "wasxfail") and _in_ci():
+        report.longrepr = f"{CI_SKIP}: {_skip_reason(report)}"
+        report.outcome = "failed"
 
 
-def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
-    """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
-    left = job_pids(job_id)
-    running = [p for p in pids if alive(p)]
-    assert not left and not running, f"job {job_id} left processes: {left or running}"
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    report = yield
+    _fail_if_ci(report)
+    return report
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> object:
-    """Poll until ``predicate`` is truthy; the timeout only keeps a broken test from hanging."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    report = yield
+    _fail_if_ci(report)
+    return report
 
 
-def read_events(log_dir: Path, rank: int) -> list[dict]:
-    path = log_dir / "events" / f"rank_{rank}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# -m: a module whose marks the expression rejects is not imported ----------------------------------
 
-
-def initialised(log_dir: Path, ranks: range) -> bool:
-    return all(any(e["event"] == "initialised" for e in read_events(log_dir, r)) for r in ranks)
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> Optional[bool]:
+    markexpr = config.getoption("markexpr")
+    if not markexpr or not (collection_path.name.startswith("test_")
+                            and collection_path.suffix == ".py"):
+        return None
+    marks = module_marks(collection_path)
+    return True if marks and rejects_marks(markexpr, marks) else None

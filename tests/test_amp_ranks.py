@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
 pytestmark = pytest.mark.mindspore
 POISON_STEP = 9  # rank 1 alone reads a float16-overflowing batch here (tests/rank_scripts/amp_overflow.py)

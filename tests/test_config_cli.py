@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANK_SCRIPTS, run_launcher
+from helpers import RANK_SCRIPTS, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
 

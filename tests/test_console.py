@@ -5,7 +5,7 @@ import re
 import socket
 from pathlib import Path
 
-from conftest import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pexpect
 
-from conftest import REPO, assert_no_job_processes
+from helpers import REPO, assert_no_job_processes
 
 
 def test_breakpoint_in_debug_mode(weird_tmp: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from conftest import REPO, wait_for
+from helpers import REPO, wait_for
 from launcher import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome

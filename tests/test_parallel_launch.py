@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_no_job_processes, run_launcher
+from helpers import REPO, assert_no_job_processes, run_launcher
 
 SCRIPTS = REPO / "scripts"
 DIGITS = 1797

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import REPO, assert_no_job_processes, run_launcher
+from helpers import REPO, assert_no_job_processes, run_launcher
 
 FIXTURES = REPO / "tests" / "fixtures" / "ascend"
 TABLE = {"version": "1.0", "server_count": "2", "status": "completed", "server_list": [

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (RANK_SCRIPTS, alive, assert_no_job_processes, initialised, job_pids,
+from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, initialised, job_pids,
                       npu_launch_argv, run_launcher, wait_for)
 
 pytestmark = pytest.mark.mindspore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, run_launcher
+from helpers import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, run_launcher
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 JOB = str(RANK_SCRIPTS / "ms_job.py")

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv,
+from helpers import (RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv,
                       run_launcher, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]

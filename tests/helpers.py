@@ -1,0 +1,237 @@
+"""What the tests share: paths, running npu-launch for real, finding the processes a job left
+behind (by the job id in their environment, as the launcher does), reading what ranks wrote, fake
+Ascend hosts, the parallel-layout strategy, and reading a test module's marks without importing it.
+
+Tests import it as ``from helpers import ...``: pytest puts ``tests/`` on ``sys.path`` because
+``tests/conftest.py`` sits in a folder without ``__init__.py`` (also for ``tests/multinode``).
+Nothing here imports MindSpore.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional
+
+import psutil
+from _pytest.mark.expression import Expression
+from hypothesis import strategies as st
+
+from launcher import contract
+from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+RANK_SCRIPTS = TESTS / "rank_scripts"
+ASCEND_FIXTURES = TESTS / "fixtures" / "ascend"
+RANK_TABLE_EXAMPLES = REPO / "rank_tables" / "examples"
+
+# Running npu-launch ------------------------------------------------------------------------------
+
+def npu_launch_argv(*args: str) -> list[str]:
+    """``npu-launch ARGS`` as this interpreter runs it (never a ``python3`` found on PATH)."""
+    return [sys.executable, "-m", "launcher.cli", *args]
+
+
+def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run npu-launch to the end; a generous timeout only guards the test run itself."""
+    return subprocess.run(npu_launch_argv(*args), cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def checksums(stdout: str) -> dict[str, str]:
+    """``{"[host:rank]": checksum}`` from the ``checksum`` lines the rank scripts print."""
+    return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()
+            if " checksum " in line}
+
+
+# Processes of a job ------------------------------------------------------------------------------
+
+def job_pids(job_id: str) -> list[int]:
+    """Processes whose environment carries ``NPU_LAUNCH_JOB_ID=job_id``."""
+    pids = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NPU_LAUNCH_JOB_ID") == job_id and proc.status() != "zombie":
+                pids.append(proc.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, or a process gone while we looked, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
+    """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
+    left = job_pids(job_id)
+    running = [p for p in pids if alive(p)]
+    assert not left and not running, f"job {job_id} left processes: {left or running}"
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> object:
+    """Poll until ``predicate`` is truthy; the timeout only keeps a broken test from hanging."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# What ranks wrote --------------------------------------------------------------------------------
+
+def read_events(log_dir: Path, rank: int) -> list[dict]:
+    """Rank ``rank``'s events: in ``log_dir/events`` (one node) or ``log_dir/hosts/*/events``."""
+    name = f"rank_{rank}.jsonl"
+    candidates = [log_dir / "events" / name, *sorted(log_dir.glob(f"hosts/*/events/{name}"))]
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def initialised(log_dir: Path, ranks: range) -> bool:
+    """Every rank in ``ranks`` reported ``initialised``."""
+    return all(any(e["event"] == "initialised" for e in read_events(log_dir, r)) for r in ranks)
+
+
+# Fake Ascend hosts (tests/fixtures/ascend/README.md) ---------------------------------------------
+
+DRIVER_NODES = ("davinci_manager", "devmm_svm", "hisi_hdc")
+"""Device nodes the Ascend driver adds beside ``davinciN``; readers must ignore them."""
+
+
+def fake_devfs(directory: Path, devices: Iterable[int]) -> Path:
+    """A stand-in for an Ascend host's ``/dev``: ``davinciN`` plain files plus the driver's nodes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in [f"davinci{n}" for n in devices] + list(DRIVER_NODES):
+        (directory / name).touch()
+    return directory
+
+
+def fake_ascend_env(root: Path, devices: Iterable[int], kind: str = "a2_host") -> dict[str, str]:
+    """Environment variables that make this machine a fake Ascend host of ``kind``.
+
+    ``kind`` is a folder of ``tests/fixtures/ascend`` (``a2_host``, ``a3_host``): its devfs is made
+    under ``root``, the fake ``hccn_tool``/``npu-smi`` come first on ``PATH`` and read that
+    folder's files. Merge the result into ``os.environ`` for subprocesses.
+    """
+    return {"NPU_LAUNCH_DEVFS": str(fake_devfs(root / f"{kind} dev", devices)),
+            "PATH": f"{ASCEND_FIXTURES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "FAKE_ASCEND_NIC_CONF": str(ASCEND_FIXTURES / kind / "hccn.conf"),
+            "FAKE_NPU_SMI_DIR": str(ASCEND_FIXTURES / kind)}
+
+
+# Parallel layouts ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A world of ``world`` ranks on ``nnodes`` nodes and a ``ParallelConfig`` that fits it."""
+
+    world: int
+    nnodes: int
+    config: ParallelConfig
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _stages_fit_nodes(pp: int, nnodes: int) -> bool:
+    return pp == 1 or nnodes == 1 or nnodes % pp == 0 or pp % nnodes == 0
+
+
+@st.composite
+def layouts(draw: st.DrawFn, max_world: int = 16, nnodes: Optional[st.SearchStrategy] = None,
+            full_batch: st.SearchStrategy = st.booleans()) -> Layout:
+    """Valid layouts: every rule in ``parallel/config.py``'s docstring holds for them.
+
+    ``dp*mp*pp == world`` (``dp`` given or left out), ``micro_batches >= pp``, the global batch
+    (when given) divides by ``dp*micro_batches``, pipeline stages align with nodes, mode ``data``
+    only with ``mp == pp == 1``, ``full_batch`` only in ``semi``/``auto``. ``nnodes`` defaults to
+    one node; pass a strategy for several.
+    """
+    world = draw(st.integers(1, max_world))
+    node_count = draw(nnodes if nnodes is not None else st.just(1))
+    pp = draw(st.sampled_from([d for d in _divisors(world) if _stages_fit_nodes(d, node_count)]))
+    mp = draw(st.sampled_from(_divisors(world // pp)))
+    dp = world // (mp * pp)
+    modes = [ParallelMode.SEMI, ParallelMode.AUTO] + ([ParallelMode.DATA] if mp == pp == 1 else [])
+    mode = draw(st.sampled_from(modes))
+    micro_batches = pp * draw(st.integers(1, 3)) + draw(st.integers(0, pp - 1))
+    global_batch = draw(st.none() | st.integers(1, 8).map(lambda k: k * dp * micro_batches))
+    config = ParallelConfig(
+        mode=mode, dp=draw(st.sampled_from([None, dp])), mp=mp, pp=pp, micro_batches=micro_batches,
+        optimizer_shard=draw(st.booleans()), gradients_mean=draw(st.booleans()),
+        full_batch=mode is not ParallelMode.DATA and draw(full_batch), global_batch=global_batch,
+        seed=draw(st.integers(0, 2**31)), shard_policy=draw(st.sampled_from(ShardPolicy)))
+    return Layout(world, node_count, config)
+
+
+# A process started by hand ------------------------------------------------------------------------
+
+def launcher_variables(environ: Mapping[str, str]) -> list[str]:
+    """The names in ``environ`` that would make a process a rank of some job: the rank identity
+    of every launcher ``contract.RankIdentity`` reads, MindSpore's ``MS_*`` and npu-launch's own."""
+    identity = {name for names in contract.RankIdentity.SOURCES.values() for name in names}
+    return [name for name in environ
+            if name in identity or name.startswith(("MS_", contract.PREFIX))]
+
+
+# Test modules -------------------------------------------------------------------------------------
+
+def module_marks(path: Path) -> frozenset[str]:
+    """The marks a test module puts on all its tests (``pytestmark = pytest.mark.X`` or a list
+    of them), read from its source: the module is not imported."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return frozenset()
+    marks: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            marks.update(_mark_name(v) for v in values if _mark_name(v))
+    return frozenset(marks)
+
+
+def _mark_name(node: ast.expr) -> str:
+    """``pytest.mark.NAME`` (optionally called) -> ``NAME``; anything else -> ``""``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark"):
+        return node.attr
+    return ""
+
+
+_IDENT = re.compile(r"(?:\w|:|\+|-|\.|\[|\]|\\|/)+")  # pytest's -m identifier
+_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
+
+
+def rejects_marks(markexpr: str, marks: frozenset[str]) -> bool:
+    """True when no test carrying ``marks`` can match the ``-m`` expression, whatever other
+    marks it has (every combination of the other names in the expression is tried)."""
+    expression = Expression.compile(markexpr)
+    others = sorted(set(_IDENT.findall(markexpr)) - _KEYWORDS - marks)
+    for chosen in itertools.product((False, True), repeat=len(others)):
+        present = marks | {name for name, on in zip(others, chosen) if on}
+        if expression.evaluate(lambda name, **kwargs: name in present):
+            return False
+    return True
