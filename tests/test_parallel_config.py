@@ -4,12 +4,14 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import Layout, layouts
 from launcher.errors import ConfigError
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 
@@ -98,19 +100,78 @@ def test_json_round_trip_is_exact(config):
     assert ParallelConfig.from_json(config.to_json()) == config
 
 
-@settings(max_examples=60, deadline=None)
-@given(config=configs, world=st.integers(1, 16), nnodes=st.sampled_from([1, 2, 4]))
-def test_a_resolved_config_obeys_every_rule(config, world, nnodes):
-    try:
-        resolved = config.validate(world, nnodes)
-    except ConfigError:
-        return
+@settings(max_examples=200, deadline=None)
+@given(layouts(nnodes=st.integers(1, 4)))
+def test_a_valid_layout_resolves_and_obeys_every_rule(layout: Layout) -> None:
+    config, world, nnodes = layout.config, layout.world, layout.nnodes
+    resolved = config.validate(world, nnodes)
     assert resolved.dp * resolved.mp * resolved.pp == world
     assert resolved.micro_batches >= resolved.pp
     assert resolved.global_batch is None or resolved.global_batch % (
         resolved.dp * resolved.micro_batches) == 0
+    assert resolved.pp == 1 or nnodes % resolved.pp == 0 or resolved.pp % nnodes == 0
     assert resolved.mode is not ParallelMode.DATA or resolved.mp == resolved.pp == 1
-    assert resolved == dataclasses.replace(config, dp=resolved.dp)
+    assert resolved == dataclasses.replace(config, dp=world // (config.mp * config.pp))
+    assert resolved.validate(world, nnodes) == resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class Broken:
+    """A layout with one rule broken, and the words its ``ConfigError`` must say."""
+
+    world: int
+    nnodes: int
+    config: ParallelConfig
+    message: str
+
+
+def _breakers(layout: Layout, draw: st.DrawFn) -> list[Callable[[], Broken]]:
+    """Ways to break exactly one rule of ``layout``: only those that apply to it."""
+    c, world, nnodes = layout.config, layout.world, layout.nnodes
+    mp, pp, dp = c.mp, c.pp, world // (c.mp * c.pp)
+    step = dp * c.micro_batches
+    ways = [
+        lambda: Broken(world, nnodes, dataclasses.replace(c, dp=dp + draw(st.integers(1, 4))),
+                       f"!= world size {world}"),
+        lambda: Broken(draw(st.integers(-2, 0)), nnodes, c, "world size must be a positive integer"),
+    ]
+    if mp * pp > 1:
+        ways.append(lambda: Broken(world + draw(st.integers(1, mp * pp - 1)), nnodes,
+                                   dataclasses.replace(c, dp=None), "is not divisible by mp*pp"))
+        ways.append(lambda: Broken(world, nnodes, dataclasses.replace(c, mode=ParallelMode.DATA,
+                                                                     full_batch=False),
+                                   f"mode data needs mp = pp = 1, got mp = {mp}, pp = {pp}"))
+    else:
+        ways.append(lambda: Broken(world, nnodes, dataclasses.replace(c, mode=ParallelMode.DATA,
+                                                                     full_batch=True),
+                                   "full_batch applies to modes semi and auto only"))
+    if pp > 1:
+        ways.append(lambda: Broken(world, nnodes, dataclasses.replace(
+            c, micro_batches=draw(st.integers(1, pp - 1)), global_batch=None),
+            f"< pp {pp}: a pipeline needs at least one micro-batch per stage"))
+        ways.append(lambda: Broken(world, pp + 1 + pp * draw(st.integers(0, 3)), c,
+                                   f"pp {pp} stages do not divide"))
+    if step > 1:
+        ways.append(lambda: Broken(world, nnodes, dataclasses.replace(
+            c, global_batch=step * draw(st.integers(0, 4)) + draw(st.integers(1, step - 1))),
+            f"is not divisible by dp*micro_batches = {dp}*{c.micro_batches} = {step}"))
+    return ways
+
+
+@st.composite
+def broken_layouts(draw: st.DrawFn) -> Broken:
+    """A valid layout with exactly one of ``validate``'s rules broken."""
+    layout = draw(layouts(nnodes=st.integers(1, 4)))
+    return draw(st.sampled_from(_breakers(layout, draw)))()
+
+
+@settings(max_examples=200, deadline=None)
+@given(broken_layouts())
+def test_a_layout_breaking_one_rule_raises_the_config_error_for_that_rule(broken: Broken) -> None:
+    with pytest.raises(ConfigError) as caught:
+        broken.config.validate(broken.world, broken.nnodes)
+    assert broken.message in caught.value.message
+    assert "\n" not in caught.value.message
 
 
 def test_per_rank_batch_is_the_share_or_the_whole_under_full_batch():
