@@ -19,11 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from helpers import layouts
 from parallel.config import ParallelConfig, ShardPolicy
 from parallel.data import ShardPlan, SourceKind, sharded_dataset, source_kind
 from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
 from parallel.topology import RankInfo
 
+pytestmark = pytest.mark.mindspore
 KINDS = list(SourceKind)
 
 
@@ -107,18 +109,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return Store(tmp_path_factory.mktemp("data with 'quotes' and spaces"))
 
 
-@st.composite
-def layouts(draw: Any) -> Tuple[int, ParallelConfig]:
-    world = draw(st.integers(1, 16))
-    divisors = [d for d in range(1, world + 1) if world % d == 0]
-    pp = draw(st.sampled_from(divisors))
-    mp = draw(st.sampled_from([d for d in divisors if (world // pp) % d == 0]))
-    mode = "data" if mp == pp == 1 and draw(st.booleans()) else "semi"
-    policy = draw(st.sampled_from(ShardPolicy))
-    return world, ParallelConfig(mode=mode, mp=mp, pp=pp, micro_batches=pp, shard_policy=policy,
-                                 seed=draw(st.integers(0, 1000)))
-
-
 def expected_per_rank(count: int, shards: int, batch_size: int, policy: ShardPolicy) -> int:
     if policy is ShardPolicy.PAD:
         return math.ceil(count / shards)
@@ -127,10 +117,11 @@ def expected_per_rank(count: int, shards: int, batch_size: int, policy: ShardPol
 
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.value for kind in KINDS])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(layout=layouts(), count=st.integers(16, 60), batch_size=st.integers(1, 4))
+@given(layout=layouts(full_batch=st.just(False)), count=st.integers(16, 60),
+       batch_size=st.integers(1, 4))
 def test_one_epoch_of_a_dp_group_is_disjoint_complete_and_equally_long(store, kind, layout, count,
                                                                       batch_size):
-    world, config = layout
+    world, config = layout.world, layout.config
     infos = [RankInfo.in_layout(rank, world, config) for rank in range(world)]
     reads = {info.rank: read_rank(store, kind, count, info, batch_size) for info in infos}
     shards = infos[0].config.dp
@@ -250,19 +241,29 @@ def test_bad_requests_say_what_is_wrong(store):
         sharded_dataset(Samples(20), RankInfo.in_layout(0, 1, ParallelConfig()), 1)
 
 
+@st.composite
+def plannable(draw: Any) -> Tuple[int, int, ShardPolicy]:
+    """``(count, shards, policy)`` a shard plan can serve: drop needs a sample per shard."""
+    shards, policy = draw(st.integers(1, 16)), draw(st.sampled_from(ShardPolicy))
+    return draw(st.integers(shards if policy is ShardPolicy.DROP else 1, 200)), shards, policy
+
+
 @settings(max_examples=200, deadline=None)
-@given(count=st.integers(1, 200), shards=st.integers(1, 16), seed=st.integers(0, 2**32 - 1),
-       epoch=st.integers(0, 50), policy=st.sampled_from(ShardPolicy), shuffle=st.booleans())
-def test_shard_plans_partition_each_epoch(count, shards, seed, epoch, policy, shuffle):
+@given(case=plannable(), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50),
+       shuffle=st.booleans())
+def test_shard_plans_partition_each_epoch(case, seed, epoch, shuffle):
+    count, shards, policy = case
     plans = [ShardPlan(shards, i, seed, shuffle=shuffle, policy=policy) for i in range(shards)]
-    if policy is ShardPolicy.DROP and count < shards:
-        with pytest.raises(ValueError):
-            plans[0].order(count, epoch)
-        return
     orders = [plan.order(count, epoch) for plan in plans]
     assert len({len(order) for order in orders}) == 1
     ids = [i for order in orders for i in order]
     _check_group_epoch(ids, count, shards, len(orders[0]), policy)
+
+
+@pytest.mark.parametrize("count, shards", [(1, 2), (15, 16)])
+def test_drop_with_fewer_samples_than_shards_is_refused(count, shards):
+    with pytest.raises(ValueError, match=f"{count} samples cannot give each of {shards} shards"):
+        ShardPlan(shards, 0, 1, policy=ShardPolicy.DROP).order(count, 0)
 
 
 def test_mindrecord_writer_widens_narrow_types_and_keeps_values(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import Layout, layouts
 from parallel.config import ParallelConfig
 from parallel.topology import (RankCoordinates, RankInfo, coordinates_of, groups_of, rank_at,
                                shard_of)
@@ -70,20 +71,10 @@ def test_a_rank_outside_the_world_is_refused():
         coordinates_of(16, LAYOUT_16, WORLD_16)
 
 
-@st.composite
-def layouts(draw):
-    world = draw(st.integers(1, 16))
-    divisors = [d for d in range(1, world + 1) if world % d == 0]
-    pp = draw(st.sampled_from(divisors))
-    mp = draw(st.sampled_from([d for d in divisors if (world // pp) % d == 0]))
-    mode = "data" if mp == pp == 1 and draw(st.booleans()) else "semi"
-    return world, ParallelConfig(mode=mode, mp=mp, pp=pp, micro_batches=pp)
-
-
 @settings(max_examples=80, deadline=None)
 @given(layouts())
-def test_groups_partition_the_world_and_coordinates_invert(layout):
-    world, config = layout
+def test_groups_partition_the_world_and_coordinates_invert(layout: Layout) -> None:
+    world, config = layout.world, layout.config
     infos = [RankInfo.in_layout(rank, world, config) for rank in range(world)]
     for kind, size in (("dp", infos[0].config.dp), ("mp", config.mp), ("pp", config.pp)):
         groups = {getattr(info.groups, kind) for info in infos}
@@ -94,9 +85,9 @@ def test_groups_partition_the_world_and_coordinates_invert(layout):
 
 
 @settings(max_examples=80, deadline=None)
-@given(layouts())
-def test_a_dp_group_reads_every_shard_once(layout):
-    world, config = layout
+@given(layouts(full_batch=st.just(False)))
+def test_a_dp_group_reads_every_shard_once(layout: Layout) -> None:
+    world, config = layout.world, layout.config
     for rank in range(world):
         group = groups_of(rank, config, world).dp
         shards = [shard_of(member, config, world) for member in group]
