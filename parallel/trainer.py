@@ -30,6 +30,7 @@ from mindspore import nn
 
 from launcher import contract
 from parallel import amp, checkpoint, events
+from parallel.config import ExecMode
 from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,
                                   NetWithLoss, RowGather, ScaledLoss, TrainStep)
 
@@ -248,6 +249,8 @@ class _Run:
     stop: bool = False
     eval: Optional[EvalResult] = None
     last_loss: Any = None
+    exec_mode: ExecMode = ExecMode.GRAPH
+    mode_reported: bool = False
 
 
 # The trainer -------------------------------------------------------------------------------------
@@ -347,7 +350,7 @@ class Trainer:
         if epochs < 1 or (max_steps is not None and max_steps < 1):
             raise TrainerError(f"fit needs epochs >= 1 and max_steps >= 1, "
                                f"got {epochs} and {max_steps}")
-        run = _Run(_Meter())
+        run = _Run(_Meter(), exec_mode=_exec_mode())
         self._check_replicas()
         for callback in self.callbacks:
             callback.on_fit_start(self)
@@ -438,9 +441,11 @@ class Trainer:
 
     def _emit_step(self, run: _Run) -> None:
         self._count_skipped(run)
+        mode = {} if run.mode_reported else {"exec_mode": run.exec_mode.value}
+        run.mode_reported = True
         events.emit(contract.EVENT_STEP, step=self.position.global_step, epoch=self.position.epoch,
                     loss=float(run.last_loss.asnumpy()), samples_per_s=run.meter.rate(),
-                    loss_scale=self.loss_scale)
+                    loss_scale=self.loss_scale, **mode)
 
     def _count_skipped(self, run: _Run) -> None:
         run.skipped += sum(not bool(np.asarray(_numpy(f))) for f in run.pending_finite)
@@ -486,7 +491,7 @@ class Trainer:
             loss_scale=self.loss_scale, resumed_from=self.resumed_from,
             stopped_early=run.stop, last_checkpoint=self.last_checkpoint)
         events.emit(contract.EVENT_FINISHED, steps=result.steps, final_loss=result.final_loss,
-                    samples_per_s=result.samples_per_s)
+                    samples_per_s=result.samples_per_s, exec_mode=run.exec_mode.value)
         for callback in self.callbacks:
             callback.on_fit_end(result)
         return result
@@ -498,7 +503,8 @@ class Trainer:
     # Evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> EvalResult:
-        """Loss and accuracy over ``eval_ds``, summed over every rank's shard in data parallel."""
+        """Loss and accuracy over ``eval_ds``, summed over every rank's shard in data parallel;
+        reported to the launcher as an ``eval`` event."""
         if self.eval_ds is None:
             raise TrainerError("evaluate() needs an eval_ds")
         self._eval_step.set_train(False)
@@ -510,7 +516,10 @@ class Trainer:
             totals = self._gather_rows(totals.astype(np.float32)).sum(axis=0)
         samples = int(totals[2])
         accuracy = totals[1] / samples if samples and not math.isnan(totals[1]) else None
-        return EvalResult(float(totals[0] / max(samples, 1)), accuracy, samples)
+        result = EvalResult(float(totals[0] / max(samples, 1)), accuracy, samples)
+        events.emit(contract.EVENT_EVAL, epoch=self.position.epoch, step=self.position.global_step,
+                    loss=result.loss, accuracy=result.accuracy, samples=result.samples)
+        return result
 
     # Checkpoints -------------------------------------------------------------------------------
 
@@ -579,6 +588,11 @@ def _rank_of(info: Optional[RankLike]) -> tuple[int, int]:
     if world < 1 or not 0 <= rank < world:
         raise TrainerError(f"rank {rank} is not in a world of {world}")
     return rank, world
+
+
+def _exec_mode() -> ExecMode:
+    """How MindSpore runs the step cells now: what a script set after ``parallel.init()`` counts."""
+    return ExecMode.GRAPH if ms.get_context("mode") == ms.GRAPH_MODE else ExecMode.PYNATIVE
 
 
 def _parallel_mode() -> str:

@@ -1,9 +1,11 @@
-"""The main job end to end through npu-launch: accuracy, the aggregator's files, the report, a
-killed rank that resumes to the same parameters, and a diverged replica that is caught."""
+"""The main job end to end through npu-launch: accuracy, the aggregator's files, the report,
+evaluations and the execution mode reaching them, a killed rank that resumes to the same
+parameters, and a diverged replica that is caught."""
 from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,15 @@ LINE = re.compile(r"rank (\d): held-out accuracy ([\d.]+) after (\d+) steps .*ch
 
 def _results(stdout: str) -> dict[int, tuple[float, int, str]]:
     return {int(m[1]): (float(m[2]), int(m[3]), m[4]) for m in LINE.finditer(stdout)}
+
+
+def _records(logs: Path, rank: int, event: str) -> list[dict]:
+    lines = (logs / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("rank") == rank and r.get("event") == event]
+
+
+def _modes(logs: Path, rank: int, event: str) -> list[str]:
+    return [r.get("exec_mode") for r in _records(logs, rank, event)]
 
 
 def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
@@ -75,3 +86,69 @@ def test_diverged_replica_is_caught_and_named(weird_tmp: Path) -> None:
     assert result.returncode == 1, result.stderr[-3000:]
     assert "rank(s) 1 disagree" in result.stderr, result.stderr[-3000:]
     assert_no_job_processes("diverged")
+
+
+def test_every_evaluation_and_graph_mode_reach_summary_metrics_and_report(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "digits-eval",
+                          "--log-dir", str(logs), MAIN, "--epochs", "2")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    printed = _results(result.stdout)
+    summary = json.loads((logs / "summary.json").read_text())
+    for rank in summary["ranks"]:
+        steps, r = rank["steps"], rank["rank"]
+        evals = _records(logs, r, "eval")
+        assert [(e["epoch"], e["step"]) for e in evals] == [(1, steps // 2), (2, steps)]
+        assert [(e["epoch"], e["step"]) for e in rank["evals"]] == [(1, steps // 2), (2, steps)]
+        assert rank["eval"] == rank["evals"][-1]
+        assert rank["eval"]["accuracy"] == pytest.approx(printed[r][0], abs=6e-5)
+        assert rank["eval"]["accuracy"] >= 0.8 and 0 < rank["eval"]["loss"] < 1
+        # Without --debug the train step runs in GRAPH_MODE: init() says so, and so does fit().
+        assert _modes(logs, r, "initialised") == ["graph", "graph"]  # rank hook, parallel.init()
+        assert _modes(logs, r, "step")[0] == "graph"
+        assert _modes(logs, r, "finished") == ["graph"] and rank["exec_mode"] == "graph"
+        assert "PyNative mode" not in (logs / f"rank_{r}.log").read_text()
+    report = run_launcher("report", str(logs), "--no-plot")
+    assert report.returncode == 0, report.stderr
+    assert "execution: graph mode" in report.stdout.splitlines()
+    rows = [line.split() for line in report.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [row[6:8] for row in rows] == [["graph", f"{printed[0][0]:.4f}"],
+                                          ["graph", f"{printed[1][0]:.4f}"]]
+    assert_no_job_processes("digits-eval")
+
+
+def test_debug_runs_the_main_job_in_pynative_and_says_so(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher("--debug", "--device", "cpu", "--job-id", "digits-debug",
+                          "--log-dir", str(logs), MAIN, "--epochs", "1")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "PyNative mode (chosen by --debug)" in result.stderr  # a foreground rank: no rank log
+    assert _modes(logs, 0, "initialised") == ["pynative"]  # no communication init in debug
+    assert _modes(logs, 0, "finished") == ["pynative"]
+    [rank] = json.loads((logs / "summary.json").read_text())["ranks"]
+    assert rank["exec_mode"] == "pynative" and rank["eval"]["epoch"] == 1
+    assert_no_job_processes("digits-debug")
+
+
+def test_a_switch_to_pynative_after_init_is_reported_as_what_the_step_ran_in(
+        weird_tmp: Path) -> None:
+    script = weird_tmp / "switch after init.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(REPO / "scripts")!r})
+        import mindspore as ms
+        import train_digits
+
+        trainer, _ = train_digits.build(train_digits.parse_args(["--epochs", "1"]))
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        trainer.fit(epochs=1)
+        """))
+    logs = weird_tmp / "logs"
+    result = run_launcher("--device", "cpu", "--cards", "1", "--job-id", "digits-switch",
+                          "--log-dir", str(logs), str(script))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert _modes(logs, 0, "initialised") == ["graph", "graph"]
+    assert _modes(logs, 0, "step")[0] == "pynative" and _modes(logs, 0, "finished") == ["pynative"]
+    [rank] = json.loads((logs / "summary.json").read_text())["ranks"]
+    assert rank["exec_mode"] == "pynative"
+    assert_no_job_processes("digits-switch")
