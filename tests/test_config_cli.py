@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, run_launcher
+from helpers import RANK_SCRIPTS, fake_devfs, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
 
@@ -50,11 +50,7 @@ def test_master_port_in_use(weird_tmp: Path) -> None:
 
 
 def test_more_cards_than_devices(weird_tmp: Path) -> None:
-    devfs = weird_tmp / "dev"
-    devfs.mkdir()
-    for i in (0, 1, 10, 11):  # plain files named like the driver's nodes; two-digit ids too
-        (devfs / f"davinci{i}").touch()
-    (devfs / "davinci_manager").touch()
+    devfs = fake_devfs(weird_tmp / "dev", (0, 1, 10, 11))  # two-digit ids too
     env = {**os.environ, "NPU_LAUNCH_DEVFS": str(devfs)}
     result = run_launcher("--device", "npu", "--cards", "5", SCRIPT, env=env)
     _one_line_error(result, "--cards 5", "4 Ascend card(s) (0,1,10,11)")
@@ -123,8 +119,9 @@ def test_parallel_layout_is_checked_before_anything_starts(weird_tmp: Path) -> N
     _one_line_error(result, "dp*mp*pp = 3*1*1 = 3 != world size 4")
     assert not (weird_tmp / "logs").exists()
     result = run_launcher("--device", "cpu", "--cards", "4", "--parallel", "semi", "--pp", "2",
-                          "--micro-batches", "1", SCRIPT)
-    _one_line_error(result, "micro")
+                          "--micro-batches", "1", "--log-dir", str(weird_tmp / "logs"), SCRIPT)
+    _one_line_error(result, "micro_batches 1 < pp 2")
+    assert not (weird_tmp / "logs").exists()
 
 
 def test_parallel_section_of_config_file_and_flags_over_it(weird_tmp: Path) -> None:

@@ -9,14 +9,6 @@ from launcher.errors import ConfigError, HostfileError, LaunchError
 from launcher.hostfile import HostEntry, HostSelection, read_hostfile, select_hosts
 
 
-@pytest.fixture
-def weird_dir(tmp_path: Path) -> Path:
-    """A directory whose name has spaces and both kinds of quotes."""
-    path = tmp_path / "my \"odd\" host's dir"
-    path.mkdir()
-    return path
-
-
 def write(directory: Path, text: str) -> Path:
     path = directory / "host file.txt"
     path.write_text(text, encoding="utf-8")
@@ -34,17 +26,17 @@ def error_of(text: str, directory: Path) -> str:
     return info.value.message
 
 
-def test_reads_hosts_comments_blank_lines_and_users(weird_dir: Path) -> None:
+def test_reads_hosts_comments_blank_lines_and_users(weird_tmp: Path) -> None:
     text = "# cluster A\n\nnode1 slots=8\n   admin@node2\tslots=16   # rack 3\n#node3 slots=8\n10.0.0.5 slots=1\n"
-    assert entries(text, weird_dir) == [
+    assert entries(text, weird_tmp) == [
         HostEntry("node1", 8, None, 3),
         HostEntry("node2", 16, "admin", 4),
         HostEntry("10.0.0.5", 1, None, 6),
     ]
 
 
-def test_accepts_a_str_path_and_crlf_line_ends(weird_dir: Path) -> None:
-    path = write(weird_dir, "node1 slots=2\r\nnode2 slots=2\r\n")
+def test_accepts_a_str_path_and_crlf_line_ends(weird_tmp: Path) -> None:
+    path = write(weird_tmp, "node1 slots=2\r\nnode2 slots=2\r\n")
     assert [e.host for e in read_hostfile(str(path))] == ["node1", "node2"]
 
 
@@ -63,19 +55,19 @@ def test_accepts_a_str_path_and_crlf_line_ends(weird_dir: Path) -> None:
     ("@node1 slots=8\n", 1, "bad user name ''"),
     ("a b@node1 slots=8\n", 1, "unexpected"),
 ])
-def test_bad_lines_name_file_and_line(weird_dir: Path, text: str, line: int, words: str) -> None:
-    message = error_of(text, weird_dir)
-    assert message.startswith(f"{weird_dir / 'host file.txt'}:{line}: ")
+def test_bad_lines_name_file_and_line(weird_tmp: Path, text: str, line: int, words: str) -> None:
+    message = error_of(text, weird_tmp)
+    assert message.startswith(f"{weird_tmp / 'host file.txt'}:{line}: ")
     assert words in message
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n   # another\n"])
-def test_a_hostfile_without_hosts_is_an_error(weird_dir: Path, text: str) -> None:
-    assert "no hosts in the hostfile" in error_of(text, weird_dir)
+def test_a_hostfile_without_hosts_is_an_error(weird_tmp: Path, text: str) -> None:
+    assert "no hosts in the hostfile" in error_of(text, weird_tmp)
 
 
-def test_a_missing_hostfile_is_an_error_not_a_local_run(weird_dir: Path) -> None:
-    missing = weird_dir / "nope"
+def test_a_missing_hostfile_is_an_error_not_a_local_run(weird_tmp: Path) -> None:
+    missing = weird_tmp / "nope"
     with pytest.raises(HostfileError) as info:
         read_hostfile(missing)
     assert info.value.message.startswith(f"{missing}: cannot read")
@@ -136,8 +128,8 @@ def test_filter_errors_name_the_culprit(kwargs: dict, words: str) -> None:
     assert words in info.value.message
 
 
-def test_reads_and_selects_from_a_real_file(weird_dir: Path) -> None:
-    hosts = entries("worker-0 slots=8\nroot@worker-1 slots=8\n", weird_dir)
+def test_reads_and_selects_from_a_real_file(weird_tmp: Path) -> None:
+    hosts = entries("worker-0 slots=8\nroot@worker-1 slots=8\n", weird_tmp)
     assert select_hosts(hosts, include="worker-0@worker-1:0,2") == [
         HostSelection("worker-0", None, tuple(range(8))),
         HostSelection("worker-1", "root", (0, 2)),

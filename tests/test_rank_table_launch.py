@@ -6,9 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from helpers import REPO, assert_no_job_processes, run_launcher
+from helpers import assert_no_job_processes, fake_ascend_env, fake_devfs, run_launcher
 
-FIXTURES = REPO / "tests" / "fixtures" / "ascend"
 TABLE = {"version": "1.0", "server_count": "2", "status": "completed", "server_list": [
     {"server_id": "10.1.0.1", "host_nic_ip": "reserve", "device": [
         {"device_id": "0", "device_ip": "192.98.92.100", "rank_id": "0"},
@@ -61,11 +60,7 @@ def test_table_and_launch_must_agree(weird_tmp: Path) -> None:
 
 def test_npu_devices_the_host_lacks_are_refused(weird_tmp: Path) -> None:
     table, script = _setup(weird_tmp)
-    devfs = weird_tmp / "dev"
-    devfs.mkdir()
-    for i in range(4):  # plain files named like the driver's device nodes
-        (devfs / f"davinci{i}").touch()
-    env = {**os.environ, "NPU_LAUNCH_DEVFS": str(devfs)}
+    env = {**os.environ, "NPU_LAUNCH_DEVFS": str(fake_devfs(weird_tmp / "dev", range(4)))}
     result = run_launcher("--device", "npu", "--rank-table", str(table), "--server-id",
                           "10.1.0.2", str(script), env=env)
     assert result.returncode == 2
@@ -86,13 +81,7 @@ def test_unreadable_or_invalid_table(weird_tmp: Path) -> None:
 
 def test_auto_generates_this_hosts_table(weird_tmp: Path) -> None:
     _, script = _setup(weird_tmp)
-    devfs = weird_tmp / "dev"
-    devfs.mkdir()
-    for i in range(4):
-        (devfs / f"davinci{i}").touch()
-    env = {**os.environ, "NPU_LAUNCH_DEVFS": str(devfs),
-           "PATH": f"{FIXTURES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_ASCEND_NIC_CONF": str(FIXTURES / "a2_host" / "hccn.conf")}
+    env = {**os.environ, **fake_ascend_env(weird_tmp, range(4))}
     logs = weird_tmp / "logs"
     result = run_launcher("--device", "npu", "--cards", "2", "--rank-table", "auto",
                           "--server-id", "10.0.0.5", "--log-dir", str(logs), str(script),

@@ -11,19 +11,11 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
+from helpers import ASCEND_FIXTURES, REPO, fake_ascend_env
+from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 from rank_tables.cli import rank_table
 
-ROOT = Path(__file__).parents[1]
-EXAMPLES = ROOT / "rank_tables" / "examples"
-FIXTURES = Path(__file__).parent / "fixtures" / "ascend"
-A2_CONF = FIXTURES / "a2_host" / "hccn.conf"
-
-
-@pytest.fixture
-def weird_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "cli \"tables\" it's"
-    path.mkdir()
-    return path
+A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"
 
 
 def invoke(args: list, env: dict | None = None) -> Result:
@@ -50,8 +42,8 @@ def test_validate_a_good_table() -> None:
     assert result.output.endswith("rank_table_superpod_v1.2.json: valid rank table v1.2, 4 server(s), 16 rank(s)\n")
 
 
-def test_validate_reports_every_problem_with_its_path_and_exits_2(weird_dir: Path) -> None:
-    bad = broken_copy(weird_dir)
+def test_validate_reports_every_problem_with_its_path_and_exits_2(weird_tmp: Path) -> None:
+    bad = broken_copy(weird_tmp)
     result = invoke(["validate", EXAMPLES / "rank_table_1x8_v1.0.json", bad])
     assert result.exit_code == 2
     assert "rank_table_1x8_v1.0.json: valid rank table v1.0" in result.stdout
@@ -72,40 +64,40 @@ def test_show_prints_rank_server_device_ip() -> None:
     ]
 
 
-def test_show_refuses_an_invalid_table(weird_dir: Path) -> None:
-    result = invoke(["show", broken_copy(weird_dir)])
+def test_show_refuses_an_invalid_table(weird_tmp: Path) -> None:
+    result = invoke(["show", broken_copy(weird_tmp)])
     assert result.exit_code == 2 and "server_list[1].device[3].rank_id" in result.stderr
 
 
-def test_merge_to_stdout_and_the_same_server_twice(weird_dir: Path) -> None:
+def test_merge_to_stdout_and_the_same_server_twice(weird_tmp: Path) -> None:
     result = invoke(["merge", EXAMPLES / "rank_table_1x8_v1.0.json", "-o", "-"])
     assert result.exit_code == 0 and json.loads(result.stdout)["server_count"] == "1"
     one = EXAMPLES / "rank_table_1x8_v1.0.json"
-    result = invoke(["merge", one, EXAMPLES / "rank_table_2x8_v1.0.json", "-o", weird_dir / "out.json"])
+    result = invoke(["merge", one, EXAMPLES / "rank_table_2x8_v1.0.json", "-o", weird_tmp / "out.json"])
     assert result.exit_code == 2
     assert result.stderr == f"Error: {EXAMPLES / 'rank_table_2x8_v1.0.json'}: server '10.0.0.11' is already in {one}\n"
-    assert not (weird_dir / "out.json").exists()
+    assert not (weird_tmp / "out.json").exists()
 
 
-def test_merge_refuses_a_table_written_by_merge_hccl(weird_dir: Path) -> None:
-    result = invoke(["merge", broken_copy(weird_dir), "-o", "-"])
+def test_merge_refuses_a_table_written_by_merge_hccl(weird_tmp: Path) -> None:
+    result = invoke(["merge", broken_copy(weird_tmp), "-o", "-"])
     assert result.exit_code == 2 and 'must be a string ("11")' in result.stderr
 
 
-def test_from_hostfile_errors_name_the_host(weird_dir: Path) -> None:
-    hosts = weird_dir / "host file"
+def test_from_hostfile_errors_name_the_host(weird_tmp: Path) -> None:
+    hosts = weird_tmp / "host file"
     hosts.write_text("10.0.0.11 slots=8\n10.0.0.12 slots=8\n", encoding="utf-8")
     result = invoke(["from-hostfile", hosts, "--hccn-conf", f"10.0.0.11={A2_CONF}", "-o", "-"])
     assert result.exit_code == 2
     assert "no device IPs for host '10.0.0.12': pass --hccn-conf 10.0.0.12=PATH" in result.stderr
     result = invoke(["from-hostfile", hosts, "--hccn-conf", f"node9={A2_CONF}"])
     assert result.exit_code == 2 and f"--hccn-conf node9: not a host in {hosts}" in result.stderr
-    result = invoke(["from-hostfile", weird_dir / "none"])
+    result = invoke(["from-hostfile", weird_tmp / "none"])
     assert result.exit_code == 2 and "cannot read the hostfile" in result.stderr
 
 
-def test_from_hostfile_with_nnodes_to_stdout(weird_dir: Path) -> None:
-    hosts = weird_dir / "hosts"
+def test_from_hostfile_with_nnodes_to_stdout(weird_tmp: Path) -> None:
+    hosts = weird_tmp / "hosts"
     hosts.write_text("10.0.0.11 slots=4\n10.0.0.12 slots=8\n", encoding="utf-8")
     result = invoke(["from-hostfile", hosts, "--hccn-conf", f"10.0.0.11={A2_CONF}", "--nnodes", "1",
                      "--device-port", "16667", "-o", "-"])
@@ -115,18 +107,9 @@ def test_from_hostfile_with_nnodes_to_stdout(weird_dir: Path) -> None:
     assert [d["device_port"] for d in doc["server_list"][0]["device"]] == ["16667"] * 4
 
 
-def fake_host_env(root: Path, count: int) -> dict[str, str]:
-    devfs = root / "dev"
-    devfs.mkdir()
-    for n in range(count):
-        (devfs / f"davinci{n}").touch()
-    return {"NPU_LAUNCH_DEVFS": str(devfs), "PATH": f"{FIXTURES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-            "FAKE_ASCEND_NIC_CONF": str(A2_CONF)}
-
-
-def test_generate_to_stdout_reports_where_ips_came_from(weird_dir: Path) -> None:
+def test_generate_to_stdout_reports_where_ips_came_from(weird_tmp: Path) -> None:
     result = invoke(["generate", "--server-id", "10.0.0.11", "--devices", "0,2", "--device-ip", "2=10.9.9.2",
-                     "-o", "-"], env=fake_host_env(weird_dir, 8))
+                     "-o", "-"], env=fake_ascend_env(weird_tmp, range(8)))
     assert result.exit_code == 0, result.output
     devices = json.loads(result.stdout)["server_list"][0]["device"]
     assert [(d["device_id"], d["device_ip"]) for d in devices] == [("0", "192.1.10.6"), ("2", "10.9.9.2")]
@@ -141,43 +124,43 @@ def test_generate_to_stdout_reports_where_ips_came_from(weird_dir: Path) -> None
     (["--format", "1.2", "--super-device-id", "0=x", "--super-pod-id", "1"], "--super-device-id 0=x: the value"),
     (["--device-ip", "zero=1.1.1.1"], "--device-ip 'zero=1.1.1.1': expected N=VALUE"),
 ])
-def test_generate_bad_input_exits_2(weird_dir: Path, args: list, words: str) -> None:
-    result = invoke(["generate", "--server-id", "h", *args], env=fake_host_env(weird_dir, 8))
+def test_generate_bad_input_exits_2(weird_tmp: Path, args: list, words: str) -> None:
+    result = invoke(["generate", "--server-id", "h", *args], env=fake_ascend_env(weird_tmp, range(8)))
     assert result.exit_code == 2 and words in result.stderr, result.output
 
 
-def test_generate_default_output_file_in_the_working_directory(weird_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    env = fake_host_env(weird_dir, 4)
-    monkeypatch.chdir(weird_dir)
+def test_generate_default_output_file_in_the_working_directory(weird_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = fake_ascend_env(weird_tmp, range(4))
+    monkeypatch.chdir(weird_tmp)
     result = invoke(["generate", "--server-id", "10.0.0.11", "--devices", "[2,4)"], env=env)
     assert result.exit_code == 0
     assert "wrote hccl_2p_23_10.0.0.11.json: 1 server(s), 2 rank(s)" in result.stderr
-    assert json.loads((weird_dir / "hccl_2p_23_10.0.0.11.json").read_text())["server_list"][0]["device"][1] == {
+    assert json.loads((weird_tmp / "hccl_2p_23_10.0.0.11.json").read_text())["server_list"][0]["device"][1] == {
         "device_id": "3", "device_ip": "192.4.10.6", "rank_id": "1"}
 
 
 def run_module(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rank_tables.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, check=False)
+                          cwd=REPO, env={**os.environ, **(env or {})}, check=False)
 
 
-def test_the_module_runs_as_a_program(weird_dir: Path) -> None:
-    bad = broken_copy(weird_dir)
+def test_the_module_runs_as_a_program(weird_tmp: Path) -> None:
+    bad = broken_copy(weird_tmp)
     done = run_module(["validate", bad])
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         f'Error: {bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
         f"{bad}: server_list[1].device[4].rank_id: rank 4 is already server_list[0].device[4]",
     ]
-    done = run_module(["generate", "--server-id", "10.0.0.11", "-o", "-"], env=fake_host_env(weird_dir, 2))
+    done = run_module(["generate", "--server-id", "10.0.0.11", "-o", "-"], env=fake_ascend_env(weird_tmp, range(2)))
     assert done.returncode == 0, done.stderr
     assert [d["device_ip"] for d in json.loads(done.stdout)["server_list"][0]["device"]] == ["192.1.10.6", "192.2.10.6"]
 
 
 def test_importing_every_module_does_nothing_and_never_loads_mindspore() -> None:
-    names = ["rank_tables", "launcher.hostfile"] + [f"rank_tables.{p.stem}" for p in (ROOT / "rank_tables").glob("*.py")
+    names = ["rank_tables", "launcher.hostfile"] + [f"rank_tables.{p.stem}" for p in (REPO / "rank_tables").glob("*.py")
                                                    if p.stem != "__init__"]
     code = (f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\n"
             "print('mindspore' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert (done.stdout, done.stderr) == ("False\n", "")

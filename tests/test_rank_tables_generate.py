@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ASCEND_FIXTURES as FIXTURES
+from helpers import fake_devfs
 from launcher.errors import ConfigError, RankTableError
 from rank_tables.ascend import AscendHost
 from rank_tables.generate import GenerateConfig, generate_server, parse_assignments, parse_device_list
 
-FIXTURES = Path(__file__).parent / "fixtures" / "ascend"
 TOOLS = str(FIXTURES / "bin")
 
 
@@ -68,16 +69,13 @@ def test_config_checks_itself(kwargs: dict, words: str) -> None:
 
 
 @pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AscendHost:
+def host(weird_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AscendHost:
     """An 8-device host with the fake hccn_tool; device k's NIC has address 192.168.0.(100+k)."""
-    devfs = tmp_path / "d e v"
-    devfs.mkdir()
-    for n in range(8):
-        (devfs / f"davinci{n}").touch()
-    nics = tmp_path / "nics.conf"
+    devfs = fake_devfs(weird_tmp / "dev", range(8))
+    nics = weird_tmp / "nics.conf"
     nics.write_text("".join(f"address_{k}=192.168.0.{100 + k}\n" for k in range(16)), encoding="utf-8")
     monkeypatch.setenv("FAKE_ASCEND_NIC_CONF", str(nics))
-    return AscendHost(devfs=devfs, tool_path=TOOLS, hccn_conf=tmp_path / "absent")
+    return AscendHost(devfs=devfs, tool_path=TOOLS, hccn_conf=weird_tmp / "absent")
 
 
 def summary(config: GenerateConfig, host: AscendHost) -> list[tuple[int, str, int]]:
@@ -97,8 +95,7 @@ def test_logical_ids_map_through_visible_devices_and_ips_follow_physical_ids(hos
 
 
 def test_two_digit_devices_and_the_hccl_tools_file_name(host: AscendHost) -> None:
-    for n in range(8, 16):
-        (host.devfs / f"davinci{n}").touch()
+    fake_devfs(host.devfs, range(8, 16))
     generated = generate_server(GenerateConfig("10.0.0.1", devices=parse_device_list("[8,16)")), host)
     assert [d.device_id for d in generated.table.servers[0].devices] == list(range(8, 16))
     assert generated.default_filename() == "hccl_8p_89101112131415_10.0.0.1.json"

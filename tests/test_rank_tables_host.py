@@ -1,34 +1,32 @@
 """Reading an Ascend host: device nodes, hccn_tool, hccn.conf and npu-smi (fakes in tests/fixtures/ascend)."""
 from __future__ import annotations
 
-import ipaddress
+import socket
 from pathlib import Path
 
 import pytest
 
+from helpers import ASCEND_FIXTURES, fake_devfs
 from launcher.errors import ConfigError
 from rank_tables.ascend import (AscendHost, DeviceIp, SuperPodInfo, parse_chip_map, parse_hccn_conf,
                                 parse_hccn_tool_ip, parse_spod_info, this_host_ip)
 
-FIXTURES = Path(__file__).parent / "fixtures" / "ascend"
-TOOLS = str(FIXTURES / "bin")
-A2_CONF = FIXTURES / "a2_host" / "hccn.conf"
+TOOLS = str(ASCEND_FIXTURES / "bin")
+A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"
 
 
 @pytest.fixture
-def devfs(tmp_path: Path) -> Path:
+def devfs(weird_tmp: Path) -> Path:
     """Device nodes of a 16-device host as plain files, beside the driver's other nodes."""
-    path = tmp_path / "fake \"dev\" dir"
-    path.mkdir()
-    for name in [f"davinci{n}" for n in range(16)] + ["davinci_manager", "devmm_svm", "hisi_hdc", "davinci"]:
-        (path / name).touch()
+    path = fake_devfs(weird_tmp / "dev", range(16))
+    (path / "davinci").touch()  # no number: not a device either
     return path
 
 
 @pytest.fixture
 def fake_nics(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_ASCEND_NIC_CONF", str(A2_CONF))
-    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(FIXTURES / "a3_host"))
+    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(ASCEND_FIXTURES / "a3_host"))
 
 
 def test_devices_are_the_davinci_nodes_in_numeric_order(devfs: Path) -> None:
@@ -91,7 +89,7 @@ A2_CHIP_MAP = ("\tNPU ID                         Chip ID                        
 
 
 def test_parse_chip_map_skips_mcu_rows_and_needs_the_phy_id_column() -> None:
-    chips = parse_chip_map((FIXTURES / "a3_host" / "info-m.txt").read_text(encoding="utf-8"))
+    chips = parse_chip_map((ASCEND_FIXTURES / "a3_host" / "info-m.txt").read_text(encoding="utf-8"))
     assert chips == {npu * 2 + chip: (npu, chip) for npu in range(8) for chip in range(2)}
     with pytest.raises(ConfigError, match="no 'Chip Phy-ID' column"):
         parse_chip_map(A2_CHIP_MAP)
@@ -120,10 +118,19 @@ def test_super_pod_info_errors(fake_nics: None, tmp_path: Path) -> None:
         AscendHost(tool_path=TOOLS).super_pod_info([16])
 
 
-def test_this_host_ip_is_never_loopback() -> None:
-    try:
-        address = ipaddress.ip_address(this_host_ip())
-    except ConfigError as exc:
-        assert "pass --server-id" in exc.message
-    else:
-        assert not address.is_loopback
+def test_this_host_ip_is_the_address_its_name_resolves_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "192.0.2.7")  # resolves to itself, no DNS
+    assert this_host_ip() == "192.0.2.7"
+
+
+def test_a_name_resolving_only_to_loopback_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
+    with pytest.raises(ConfigError, match="^this host's name 'localhost' resolves only to loopback; "
+                                          "pass --server-id$"):
+        this_host_ip()
+
+
+def test_a_name_that_does_not_resolve_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "npl-nowhere.invalid")
+    with pytest.raises(ConfigError, match="^cannot resolve this host's name to an IP .*; pass --server-id$"):
+        this_host_ip()

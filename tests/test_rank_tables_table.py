@@ -6,17 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 from launcher.errors import LaunchError, RankTableError
 from rank_tables.table import DeviceEntry, RankTable, SuperPod, load_rank_table
-
-EXAMPLES = Path(__file__).parents[1] / "rank_tables" / "examples"
-
-
-@pytest.fixture
-def weird_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "a \"quoted\" dir's name"
-    path.mkdir()
-    return path
 
 
 def test_loads_a_v1_0_table_with_ints_in_memory() -> None:
@@ -29,10 +21,10 @@ def test_loads_a_v1_0_table_with_ints_in_memory() -> None:
     assert second[3] == DeviceEntry(device_id=3, device_ip="192.4.11.6", rank_id=11)
 
 
-def test_ranks_for_server_are_in_rank_order_whatever_the_listing_order(weird_dir: Path) -> None:
+def test_ranks_for_server_are_in_rank_order_whatever_the_listing_order(weird_tmp: Path) -> None:
     doc = json.loads((EXAMPLES / "rank_table_1x8_v1.0.json").read_text(encoding="utf-8"))
     doc["server_list"][0]["device"].reverse()
-    path = weird_dir / "reversed.json"
+    path = weird_tmp / "reversed.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     table = load_rank_table(path)
     assert [d.rank_id for d in table.ranks_for_server("10.0.0.11")] == list(range(8))
@@ -60,12 +52,12 @@ def test_writing_gives_back_the_file_byte_for_byte(name: str) -> None:
     assert load_rank_table(EXAMPLES / name).dumps() == text
 
 
-def test_keys_from_other_tools_survive_a_round_trip(weird_dir: Path) -> None:
+def test_keys_from_other_tools_survive_a_round_trip(weird_tmp: Path) -> None:
     doc = json.loads((EXAMPLES / "rank_table_1x8_v1.0.json").read_text(encoding="utf-8"))
     doc["server_list"][0]["container_ip"] = "192.168.149.3"
     doc["server_list"][0]["device"][1]["device_logical_id"] = "1"
     doc["job_id"] = "abc"
-    path = weird_dir / "extra.json"
+    path = weird_tmp / "extra.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     assert load_rank_table(path).to_json() == doc
 
@@ -82,26 +74,26 @@ def test_to_json_writes_every_value_as_a_string() -> None:
     assert {type(leaf) for leaf in leaves(table.to_json())} == {str}
 
 
-def test_a_missing_file(weird_dir: Path) -> None:
+def test_a_missing_file(weird_tmp: Path) -> None:
     with pytest.raises(RankTableError) as info:
-        load_rank_table(weird_dir / "none.json")
-    assert info.value.message == f"{weird_dir / 'none.json'}: cannot read the rank table: No such file or directory"
+        load_rank_table(weird_tmp / "none.json")
+    assert info.value.message == f"{weird_tmp / 'none.json'}: cannot read the rank table: No such file or directory"
     assert isinstance(info.value, LaunchError) and info.value.exit_code == 2
 
 
-def test_bad_json_names_line_and_column(weird_dir: Path) -> None:
-    path = weird_dir / "bad.json"
+def test_bad_json_names_line_and_column(weird_tmp: Path) -> None:
+    path = weird_tmp / "bad.json"
     path.write_text('{\n  "version": "1.0",\n  "server_list": [,]\n}\n', encoding="utf-8")
     with pytest.raises(RankTableError) as info:
         load_rank_table(path)
     assert info.value.message == f"{path}:3:19: not valid JSON: Expecting value"
 
 
-def test_an_invalid_table_gives_one_line_per_problem_each_starting_with_the_file(weird_dir: Path) -> None:
+def test_an_invalid_table_gives_one_line_per_problem_each_starting_with_the_file(weird_tmp: Path) -> None:
     doc = json.loads((EXAMPLES / "rank_table_2x8_v1.0.json").read_text(encoding="utf-8"))
     doc["server_list"][1]["device"][3]["rank_id"] = 11
     doc["server_list"][0]["device"][0]["device_ip"] = "192.1.10"
-    path = weird_dir / "merged by merge_hccl.json"
+    path = weird_tmp / "merged by merge_hccl.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(RankTableError) as info:
         load_rank_table(path)

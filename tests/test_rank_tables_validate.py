@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 from rank_tables.structure import SchemaCompileError, compile_schema, format_path
 from rank_tables.validate import Problem, load_schema, validate
 
-EXAMPLES = Path(__file__).parents[1] / "rank_tables" / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.json"))
 
 
@@ -323,15 +323,17 @@ def changed(doc: Any, path: tuple, value: Any = None, delete: bool = False) -> A
 def test_compiled_structure_check_agrees_with_jsonschema_on_every_single_change(name: str) -> None:
     doc = example(name)
     version = doc["version"]
-    checked = 0
+    checked, faulty = 0, 0
     for path in first_of_each_list(doc):
         variants = [changed(doc, path, value) for value in LEAF_SAMPLES]
         if path and isinstance(path[-1], str):
             variants.append(changed(doc, path, delete=True))
         for variant in variants:
-            assert compiled_faults(variant, version) == reference_faults(variant, version), (path, variant)
-            checked += 1
+            expected = reference_faults(variant, version)
+            assert compiled_faults(variant, version) == expected, (path, variant)
+            checked, faulty = checked + 1, faulty + bool(expected)
     assert checked > 150
+    assert faulty > checked // 2, "most single changes must break the table, or agreeing means little"
 
 
 @pytest.mark.parametrize("name", [p.name for p in EXAMPLE_FILES])
@@ -339,10 +341,15 @@ def test_compiled_structure_check_agrees_with_jsonschema_on_random_changes(name:
     doc = example(name)
     version = doc["version"]
 
+    faulty = []
+
     @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(mutations(doc))
     def agree(mutated: Any) -> None:
-        assert compiled_faults(mutated, version) == reference_faults(mutated, version)
+        expected = reference_faults(mutated, version)
+        assert compiled_faults(mutated, version) == expected
+        faulty.append(bool(expected))
 
     agree()
     assert compiled_faults(doc, version) == reference_faults(doc, version) == set()
+    assert sum(faulty) >= 20, "the mutations must mostly break the table, or agreeing means little"
