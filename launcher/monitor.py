@@ -168,7 +168,8 @@ class JobState:
         kind = str(record.get("event", ""))
         state.last_event, state.seen_at = kind, seen_at
         state.last_event_time = as_float(record.get("time"))
-        state.exec_mode = exec_mode_of(record.get("exec_mode")) or state.exec_mode
+        if "exec_mode" in record:  # few records say; a failed Enum lookup costs an exception
+            state.exec_mode = exec_mode_of(record["exec_mode"]) or state.exec_mode
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, state, record, seen_at)
@@ -261,9 +262,8 @@ def status_line(ranks: Iterable[RankState]) -> Optional[str]:
     parts = _progress(states)
     if not parts:
         return None
-    modes = describe_modes({s.rank: s.exec_mode for s in states})
-    if modes is not None and modes != _ALL_GRAPH:
-        parts.append(modes)
+    if {s.exec_mode for s in states} - {None, ExecMode.GRAPH}:
+        parts.append(describe_modes({s.rank: s.exec_mode for s in states}))  # type: ignore[arg-type]
     return " | ".join(parts)
 
 
@@ -301,9 +301,6 @@ def describe_evals(evals: list[Evaluation]) -> Optional[str]:
     if epochs:
         text += f" (epoch {epochs[0]})" if len(epochs) == 1 else f" (epochs {epochs[0]}-{epochs[-1]})"
     return text
-
-
-_ALL_GRAPH = f"{ExecMode.GRAPH.value} mode"
 
 
 def describe_modes(modes: Mapping[int, Optional[ExecMode]]) -> Optional[str]:
