@@ -1,4 +1,5 @@
-"""Per-rank atomic checkpoints, manifests, retention and the replica check (real MindSpore)."""
+"""Per-rank atomic checkpoints, manifests, retention (real MindSpore, marked per test) and the
+replica check (pure Python). The module imports MindSpore only inside the tests that need it."""
 from __future__ import annotations
 
 import json
@@ -13,12 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO
 from parallel import checkpoint
 from parallel.checkpoint import DataPosition
-
-ms = pytest.importorskip("mindspore")
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -30,6 +28,8 @@ def ckpt_dir(tmp_path: Path) -> Path:
 
 
 def params(value: float) -> list:
+    import mindspore as ms
+
     return [ms.Parameter(ms.Tensor(np.full((3, 2), value, np.float32)), name="w"),
             ms.Parameter(ms.Tensor(np.arange(4, dtype=np.float32) + value), name="moments.w")]
 
@@ -53,6 +53,7 @@ def loaded_w(ckpt_dir: Path, manifest: checkpoint.Manifest, rank: int = 0) -> np
 
 # Saving and loading ------------------------------------------------------------------------------
 
+@pytest.mark.mindspore
 def test_rank_file_round_trips_params_extras_and_position(ckpt_dir: Path) -> None:
     manifest = complete(ckpt_dir, 14, value=2.5)
     loaded = checkpoint.load_rank(ckpt_dir, manifest, 0)
@@ -63,6 +64,7 @@ def test_rank_file_round_trips_params_extras_and_position(ckpt_dir: Path) -> Non
     assert checkpoint.rank_checkpoint_path(ckpt_dir, 14, 0).is_file()
 
 
+@pytest.mark.mindspore
 def test_load_detects_a_corrupted_rank_file(ckpt_dir: Path) -> None:
     manifest = complete(ckpt_dir, 3)
     path = checkpoint.rank_checkpoint_path(ckpt_dir, 3, 0)
@@ -101,6 +103,7 @@ def crash_while_saving(ckpt_dir: Path, step: int, value: float) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
+@pytest.mark.mindspore
 def test_rank_killed_writing_a_new_step_leaves_the_previous_one_loadable(ckpt_dir: Path) -> None:
     complete(ckpt_dir, 10, value=1.0)
     crash_while_saving(ckpt_dir, 20, value=9.0)
@@ -117,6 +120,7 @@ def test_rank_killed_writing_a_new_step_leaves_the_previous_one_loadable(ckpt_di
         "rank_0.ckpt", "rank_0.json"]
 
 
+@pytest.mark.mindspore
 def test_rank_killed_overwriting_a_file_leaves_the_old_content(ckpt_dir: Path) -> None:
     manifest = complete(ckpt_dir, 10, value=1.0)
     crash_while_saving(ckpt_dir, 10, value=9.0)
@@ -139,6 +143,7 @@ def test_failed_write_keeps_the_old_file_and_no_temp(tmp_path: Path) -> None:
 
 # Manifests ---------------------------------------------------------------------------------------
 
+@pytest.mark.mindspore
 def test_manifest_only_once_every_rank_file_exists(ckpt_dir: Path) -> None:
     save(ckpt_dir, 5, 0)
     save(ckpt_dir, 5, 2)
@@ -160,6 +165,7 @@ def test_manifest_only_once_every_rank_file_exists(ckpt_dir: Path) -> None:
     assert checkpoint.latest_complete(ckpt_dir) == manifest
 
 
+@pytest.mark.mindspore
 def test_ranks_disagreeing_on_the_data_position_is_an_error(ckpt_dir: Path) -> None:
     checkpoint.save_rank(ckpt_dir, 4, 0, params(1.0), DataPosition(0, 4, 4))
     checkpoint.save_rank(ckpt_dir, 4, 1, params(1.0), DataPosition(0, 3, 4))
@@ -167,6 +173,7 @@ def test_ranks_disagreeing_on_the_data_position_is_an_error(ckpt_dir: Path) -> N
         checkpoint.mark_complete(ckpt_dir, 4, 2)
 
 
+@pytest.mark.mindspore
 def test_keep_last_k_deletes_older_steps_but_not_newer_incomplete_ones(ckpt_dir: Path) -> None:
     save(ckpt_dir, 1, 0)  # never completed, older than everything kept
     for step in (2, 4, 6, 8):
@@ -180,6 +187,7 @@ def test_keep_last_k_deletes_older_steps_but_not_newer_incomplete_ones(ckpt_dir:
     assert checkpoint.latest_complete(ckpt_dir).step == 8
 
 
+@pytest.mark.mindspore
 def test_latest_complete_skips_a_step_whose_manifest_is_unreadable(ckpt_dir: Path) -> None:
     complete(ckpt_dir, 3)
     complete(ckpt_dir, 6)
@@ -187,6 +195,7 @@ def test_latest_complete_skips_a_step_whose_manifest_is_unreadable(ckpt_dir: Pat
     assert checkpoint.latest_complete(ckpt_dir).step == 3
 
 
+@pytest.mark.mindspore
 def test_manifest_json_round_trip(ckpt_dir: Path) -> None:
     manifest = complete(ckpt_dir, 7, world=2)
     assert checkpoint.Manifest.from_json(manifest.to_json()) == manifest
@@ -194,7 +203,10 @@ def test_manifest_json_round_trip(ckpt_dir: Path) -> None:
 
 # Replica check -----------------------------------------------------------------------------------
 
+@pytest.mark.mindspore
 def test_parameters_digest_sees_one_changed_value() -> None:
+    import mindspore as ms
+
     first, second = params(1.0), params(1.0)
     assert checkpoint.parameters_digest(first) == checkpoint.parameters_digest(second)
     second[1].set_data(ms.Tensor(np.array([1, 2, 3, 4.5], np.float32)))

@@ -14,6 +14,8 @@ from mindspore.parallel.nn import PipelineCell
 from parallel.config import ParallelConfig
 from parallel.pipeline import parameter_weights, pipeline_network, split_stages
 
+pytestmark = pytest.mark.mindspore  # parallel.pipeline imports MindSpore
+
 
 def _brute_force_heaviest(weights, pp):
     best = float("inf")

@@ -6,23 +6,27 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import dataset as ds
+from mindspore import nn
 
-ms = pytest.importorskip("mindspore")
-from mindspore import dataset as ds  # noqa: E402
-from mindspore import nn  # noqa: E402
+from launcher import contract
+from parallel import checkpoint
+from parallel.amp import AmpError, LossScaleConfig, LossScaleMode
+from parallel.config import ExecMode
+from parallel.schedules import LrSchedule
+from parallel.trainer import Callback, Signal, StepInfo, Trainer, TrainerError
 
-from launcher import contract  # noqa: E402
-from parallel import checkpoint  # noqa: E402
-from parallel.amp import AmpError, LossScaleConfig, LossScaleMode  # noqa: E402
-from parallel.schedules import LrSchedule  # noqa: E402
-from parallel.trainer import Callback, Signal, StepInfo, Trainer, TrainerError  # noqa: E402
+pytestmark = pytest.mark.mindspore
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode() -> None:
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+@pytest.fixture(autouse=True)
+def graph_mode(lone_rank: Any) -> None:
+    """Every test here trains in the mode ``parallel.init()`` selected for this lone process."""
+    assert (lone_rank.exec_mode, lone_rank.world_size) == (ExecMode.GRAPH, 1)
+    assert ms.get_context("mode") == ms.GRAPH_MODE
 
 
 def digits(count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,15 +297,54 @@ def test_evaluating_between_epochs_leaves_the_training_state_alone() -> None:
     assert max_diff(everything, {p.name: p.asnumpy() for p in net_b.get_parameters()}) == 0.0
 
 
+def test_the_trainer_runs_in_the_graph_mode_parallel_init_selected(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="parallel.trainer"):
+        trainer, _ = make()
+        assert trainer.fit(epochs=1, max_steps=2).steps == 2
+    assert ms.get_context("mode") == ms.GRAPH_MODE
+    assert [r.getMessage() for r in caplog.records if "PyNative" in r.getMessage()] == []
+
+
 # AMP ---------------------------------------------------------------------------------------------
 
+F16, F32 = ms.float16, ms.float32
+# The dtype each TinyCNN layer computes in, then what the network hands the loss. O1 casts the
+# white-listed cells (Conv, Dense) and casts their outputs back; O2 casts all but the black-listed
+# ones (BatchNorm); O3 casts everything; every level hands the loss float32.
+AMP_DTYPES = {
+    "O0": {"conv": F32, "bn": F32, "relu": F32, "flatten": F32, "dense": F32, "output": F32},
+    "O1": {"conv": F16, "bn": F32, "relu": F32, "flatten": F32, "dense": F16, "output": F32},
+    "O2": {"conv": F16, "bn": F32, "relu": F16, "flatten": F16, "dense": F16, "output": F32},
+    "O3": {"conv": F16, "bn": F16, "relu": F16, "flatten": F16, "dense": F16, "output": F32},
+}
+
+
+def dtypes_inside(net: TinyCNN, amp_network: nn.Cell, x: np.ndarray) -> dict[str, Any]:
+    """Run ``x`` through ``net``'s layers one by one, as its ``construct`` does, and record the
+    dtype each layer computes in (inside any cast wrapper AMP put around it)."""
+    seen, h = {}, ms.Tensor(x)
+    for name in AMP_DTYPES["O0"]:
+        if name == "output":
+            seen[name] = amp_network(ms.Tensor(x)).dtype
+            continue
+        layer = getattr(net, name)
+        seen[name] = getattr(layer, "_backbone", layer)(h).dtype  # AMP's _OutputTo16/_OutputTo32
+        h = layer(h)
+    return seen
+
+
 @pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
-def test_amp_levels_train_on_cpu(level: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_amp_levels_train_on_cpu_in_their_dtypes(level: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="parallel.trainer"):
         trainer, net = make(TinyCNN, amp_level=level)
+    before = trainable(net)
     result = trainer.fit(epochs=1, max_steps=3)
 
     assert result.steps == 3 and np.isfinite(result.final_loss)
+    assert max_diff(trainable(net), before) > 0
+    assert dtypes_inside(net, trainer.amp_network, digits(4)[0]) == AMP_DTYPES[level]
     notes = [r.getMessage() for r in caplog.records if "AMP" in r.getMessage()]
     assert notes == ([] if level == "O0" else
                      [f"AMP {level} on CPU: float16 kernels are slower than float32 here, so it "
@@ -339,18 +382,19 @@ def test_bfloat16_is_refused_on_cpu_in_one_line() -> None:
 
 # Options -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("options, error", [
-    ({"grad_accumulation": 0}, TrainerError),
-    ({"clip_grad_norm": -1.0}, TrainerError),
-    ({"amp_level": "O4"}, AmpError),
-    ({"loss_scale": "huge"}, AmpError),
-    ({"resume": "auto"}, TrainerError),
-    ({"resume": "sometimes"}, TrainerError),
-    ({"gradient_accumulation": 2}, TypeError),
+@pytest.mark.parametrize("options, error, message", [
+    ({"grad_accumulation": 0}, TrainerError, "trainer options must be positive: grad_accumulation=0"),
+    ({"clip_grad_norm": -1.0}, TrainerError, "must be positive: clip_grad_norm=-1.0"),
+    ({"amp_level": "O4"}, AmpError, "amp_level must be one of O0|O1|O2|O3, got 'O4'"),
+    ({"loss_scale": "huge"}, AmpError, "loss_scale must be one of dynamic|fixed|none, got 'huge'"),
+    ({"resume": "auto"}, TrainerError, "resume='auto' needs a ckpt_dir"),
+    ({"resume": "sometimes"}, TrainerError, "resume must be auto|never, got 'sometimes'"),
+    ({"gradient_accumulation": 2}, TypeError, "unexpected keyword argument 'gradient_accumulation'"),
 ])
-def test_bad_options_are_refused(options: dict, error: type) -> None:
-    with pytest.raises(error):
+def test_bad_options_are_refused(options: dict, error: type, message: str) -> None:
+    with pytest.raises(error) as caught:
         make(**options)
+    assert message in str(caught.value)
 
 
 def test_gradient_clipping_bounds_the_first_update() -> None:

@@ -1,14 +1,14 @@
-"""Learning-rate schedules: the curves, and the MindSpore schedule the optimizer steps through."""
+"""Learning-rate schedules: the curves (pure Python), and the MindSpore schedule the optimizer
+steps through (the one test marked mindspore; the module imports MindSpore only there)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
 from parallel.schedules import LrSchedule, optimizer_steps
-
-ms = pytest.importorskip("mindspore")
 
 
 def test_warmup_cosine_rises_linearly_then_falls_to_min_lr() -> None:
@@ -40,8 +40,11 @@ def test_optimizer_steps_counts_short_last_windows() -> None:
     assert optimizer_steps(8, epochs=2) == 16
 
 
-def test_built_schedule_gives_the_same_rate_at_every_step_and_keeps_the_last() -> None:
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+@pytest.mark.mindspore
+def test_built_schedule_gives_the_same_rate_at_every_step_and_keeps_the_last(lone_rank: Any) -> None:
+    import mindspore as ms
+
+    assert ms.get_context("mode") == ms.GRAPH_MODE, "parallel.init() selects GRAPH, as optimizers run"
     schedule = LrSchedule.warmup_cosine(0.5, total_steps=6, warmup_steps=2)
     cell = schedule.build()
     got = [float(cell(ms.Tensor([step], ms.int32)).asnumpy()) for step in range(9)]
