@@ -30,9 +30,12 @@ with ``HostName``. For everything else (MindSpore, Slurm, Python's ``socket.geth
 cluster appends ``<address> <name>  # npl-cluster <tag>`` lines to ``/etc/hosts`` for its lifetime
 and removes the lines carrying its marker at teardown (or at the next setup after a killed run).
 
-The Python over ssh: sshd sets ``PATH`` to the creating process's ``PATH`` (``SetEnv``), so
-``python3`` over ssh is the same interpreter as in the test. Callers that want to be sure pass
-``sys.executable`` (same filesystem) instead.
+The Python over ssh: hosts share this machine's filesystem, so a command sent over ssh names
+the interpreter by its path, ``sys.executable``, as the launcher itself does
+(``launcher/backends/common.py`` ``python_of``). A bare ``python3`` would be whatever the remote
+login shell finds first on its ``PATH`` (another interpreter when the tests run in a virtualenv).
+sshd gives sessions the creating process's ``PATH`` plus the sbin dirs (``SetEnv``) for the
+system tools (``ip``, ``nsenter``, ``srun``), not for Python.
 
 Slurm: a private ``munged`` (own key and socket, ``AuthInfo=socket=...``) and ``slurmctld`` run in
 the root namespace on the bridge address and a free port; one ``slurmd -N <host>`` runs in each

@@ -12,8 +12,10 @@ plus munged and slurmctld in the root namespace. Both are session-scoped :class:
 * ``env``: environment for subprocesses (``SLURM_CONF`` for slurm_cluster, PATH with sbin)
 
 They skip, with the reason, only when this machine cannot have fake hosts: not root, network
-namespaces forbidden, or binaries missing (install them with ``.ci/install-system-deps``). Any
-other setup failure is an error.
+namespaces forbidden, or binaries missing (install them with ``.ci/install-system-deps``). That
+is for developers' machines: under ``CI=true`` the skip fails the test (``tests/conftest.py``),
+since CI must run these. Any other setup failure is an error. ``can_host_ssh_clusters`` and
+``can_host_slurm_clusters`` make the same check for tests that build their own ``Cluster``.
 """
 from __future__ import annotations
 
@@ -27,22 +29,32 @@ from .cluster import SLURM_BINARIES, SSH_BINARIES, Cluster, unavailable_reason, 
 def _skip_unless_possible(binaries: tuple[str, ...]) -> None:
     reason = unavailable_reason(binaries)
     if reason is not None:
-        pytest.skip(reason)
+        pytest.skip(f"no fake hosts on this machine: {reason}")
 
 
 @pytest.fixture(scope="session")
-def ssh_cluster() -> Iterator[Cluster]:
-    """Two fake hosts with sshd (see the module docstring for the API)."""
+def can_host_ssh_clusters() -> None:
+    """Skips unless this machine can host fake clusters with sshd."""
     _skip_unless_possible(SSH_BINARIES)
+
+
+@pytest.fixture(scope="session")
+def can_host_slurm_clusters() -> None:
+    """Skips unless this machine can host fake clusters with sshd and Slurm."""
+    _skip_unless_possible(SLURM_BINARIES + SSH_BINARIES)
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(can_host_ssh_clusters: None) -> Iterator[Cluster]:
+    """Two fake hosts with sshd (see the module docstring for the API)."""
     with Cluster(2, tag=unique_tag("s")) as cluster:
         cluster.start_ssh()
         yield cluster
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[Cluster]:
+def slurm_cluster(can_host_slurm_clusters: None) -> Iterator[Cluster]:
     """Two fake hosts with slurmd, and munged + slurmctld; ``env`` carries SLURM_CONF."""
-    _skip_unless_possible(SLURM_BINARIES)
     with Cluster(2, tag=unique_tag("u")) as cluster:
         cluster.start_slurm()
         yield cluster

@@ -8,22 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, run_launcher
+from helpers import RANK_SCRIPTS, assert_no_job_processes, checksums, npu_launch_argv, run_launcher
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 JOB = str(RANK_SCRIPTS / "ms_job.py")
 
 
-def _checksums(stdout: str) -> dict[str, str]:
-    return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()
-            if " checksum " in line}
-
-
 def _reference(tmp: Path) -> str:
+    """The checksum both ranks of the same job reach on one node."""
     single = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(tmp / "one"),
                           JOB, "--steps", "3")
     assert single.returncode == 0, single.stderr[-3000:]
-    (value,) = set(_checksums(single.stdout).values())
+    sums = checksums(single.stdout)
+    assert len(sums) == 2, single.stdout[-2000:]
+    (value,) = set(sums.values())
     return value
 
 
@@ -34,7 +32,7 @@ def test_slurm_allocation_runs_one_agent_per_node(slurm_cluster, weird_tmp: Path
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                             env=slurm_cluster.env, cwd=weird_tmp)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    sums = _checksums(result.stdout)
+    sums = checksums(result.stdout)
     a, b = slurm_cluster.names
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}, result.stdout[-2000:]
     assert set(sums.values()) == {_reference(weird_tmp)}
@@ -56,7 +54,7 @@ def test_mpirun_runs_one_agent_per_host(ssh_cluster, weird_tmp: Path) -> None:
         JOB, "--steps", "3"), capture_output=True, text=True, timeout=300, cwd=weird_tmp,
         env=ssh_cluster.env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    sums = _checksums(result.stdout)
+    sums = checksums(result.stdout)
     a, b = ssh_cluster.names
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
     assert set(sums.values()) == {_reference(weird_tmp)}
@@ -74,7 +72,7 @@ def test_by_hand_on_each_node_like_msrun(ssh_cluster, weird_tmp: Path) -> None:
     outs = [p.communicate(timeout=300) for p in procs]
     for proc, (out, err) in zip(procs, outs):
         assert proc.returncode == 0, err[-3000:]
-    sums = {**_checksums(outs[0][0]), **_checksums(outs[1][0])}
+    sums = {**checksums(outs[0][0]), **checksums(outs[1][0])}
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
     assert set(sums.values()) == {_reference(weird_tmp)}
     assert (weird_tmp / "byhand" / "hosts" / b / "summary.json").exists()

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import (RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv,
-                      run_launcher, wait_for)
+from helpers import (RANK_SCRIPTS, assert_no_job_processes, checksums, initialised, job_pids,
+                     npu_launch_argv, run_launcher, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 JOB = str(RANK_SCRIPTS / "ms_job.py")
@@ -32,18 +32,6 @@ def _argv(cluster, tmp: Path, job: str, *args: str, hostfile: Path = None) -> li
                            "--ssh-option", f"-F {cluster.ssh_config_path}", "--device", "cpu",
                            "--job-id", job, "--log-dir", str(tmp / job), "--kill-timeout", "3",
                            *args)
-
-
-def _checksums(stdout: str) -> dict[str, str]:
-    return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()
-            if " checksum " in line}
-
-
-def _initialised(tmp: Path, job: str, cluster, ranks: int) -> bool:
-    found = 0
-    for events in (tmp / job / "hosts").glob("*/events/rank_*.jsonl"):
-        found += '"initialised"' in events.read_text()
-    return found == ranks
 
 
 def _nothing_left_on_hosts(cluster, job: str) -> None:
@@ -66,9 +54,10 @@ def test_two_nodes_train_like_one_node_of_four(ssh_cluster, weird_tmp: Path) -> 
     single = run_launcher("--device", "cpu", "--cards", "4", "--log-dir", str(weird_tmp / "one"),
                           JOB, "--steps", "3")
     assert single.returncode == 0, single.stderr[-3000:]
-    multi_sums, single_sums = _checksums(multi.stdout), _checksums(single.stdout)
+    multi_sums, single_sums = checksums(multi.stdout), checksums(single.stdout)
     a, b = ssh_cluster.names
     assert set(multi_sums) == {f"[{a}:0]", f"[{a}:1]", f"[{b}:2]", f"[{b}:3]"}
+    assert len(single_sums) == 4, single.stdout[-2000:]
     assert len(set(multi_sums.values()) | set(single_sums.values())) == 1, (multi_sums,
                                                                           single_sums)
     logs = weird_tmp / "mn-ok"
@@ -82,7 +71,7 @@ def test_rank_killed_on_node_1_ends_the_job_everywhere(ssh_cluster, weird_tmp: P
     job = "mn-kill"
     proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4), "4 ranks initialised")
+    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
     victim = next(p for p in job_pids(job)
                   if psutil.Process(p).environ().get("RANK_ID") == "3"
                   and psutil.Process(p).environ().get("MS_ROLE") == "MS_WORKER")
@@ -100,7 +89,7 @@ def test_signal_on_node_0_leaves_nothing_on_any_node(ssh_cluster, weird_tmp: Pat
     job = f"mn-{sig.name.lower()}"
     proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4), "4 ranks initialised")
+    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
     for host in ssh_cluster.names:
         assert any(psutil.Process(p).environ().get("NPU_LAUNCH_JOB_ID") == job
                    for p in ssh_cluster.pids_in(host)), f"no rank of {job} on {host}"
@@ -119,7 +108,7 @@ def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for job, proc in (("mn-first", first), ("mn-second", second)):
         # Eight MindSpore ranks start on two cores here: give them time, and say why on failure.
-        wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4) or proc.poll() is not None,
+        wait_for(lambda: initialised(weird_tmp / job, range(4)) or proc.poll() is not None,
                  f"{job} up", 300)
         assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
     survivors = set(job_pids("mn-second"))
@@ -130,7 +119,8 @@ def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -
     assert survivors <= set(job_pids("mn-second")), "the first job's teardown hit the second"
     out, err = second.communicate(timeout=300)
     assert second.returncode == 0, err[-3000:]
-    assert len(set(_checksums(out).values())) == 1
+    sums = checksums(out)
+    assert len(sums) == 4 and len(set(sums.values())) == 1, sums
 
 
 def test_unreachable_host_fails_preflight_and_starts_nothing(ssh_cluster,
@@ -178,7 +168,7 @@ def test_dead_node_0_is_a_dropped_connection_and_agents_stop(ssh_cluster,
     job = "mn-orphan"
     proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _initialised(weird_tmp, job, ssh_cluster, 4), "4 ranks initialised")
+    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
     proc.kill()  # node 0 dies without a word: each agent only sees its connection end
     proc.communicate(timeout=60)
     wait_for(lambda: not job_pids(job), "agents to stop their ranks", 60)
