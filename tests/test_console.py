@@ -5,8 +5,11 @@ import re
 import socket
 from pathlib import Path
 
+import pytest
+
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
+pytestmark = pytest.mark.mindspore  # the ranks need no MindSpore, the job's scheduler does
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 
 

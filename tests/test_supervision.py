@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, initialised, job_pids,
-                      npu_launch_argv, run_launcher, wait_for)
+from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, checksums, initialised,
+                     job_pids, npu_launch_argv, run_launcher, wait_for)
 
 pytestmark = pytest.mark.mindspore
 JOB = str(RANK_SCRIPTS / "ms_job.py")
@@ -29,19 +29,19 @@ def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = ()) -> sub
 
 
 def _rank_pid(job_id: str, rank: int) -> int:
+    """The pid of the job's worker ``rank``; fails the test when there is none."""
     for pid in job_pids(job_id):
         env = psutil.Process(pid).environ()
         if env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER":
             return pid
-    return 0
+    raise AssertionError(f"job {job_id} runs no worker of rank {rank}")
 
 
 def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "ok-job", "--log-dir",
                           str(weird_tmp / "logs"), JOB, "--steps", "4")
     assert result.returncode == 0, result.stderr
-    sums = {line.split("]")[0] + "]": line.split()[-1] for line in result.stdout.splitlines()
-            if " checksum " in line}
+    sums = checksums(result.stdout)
     host = socket.gethostname()
     assert set(sums) == {f"[{host}:0]", f"[{host}:1]"}, result.stdout
     assert len(set(sums.values())) == 1, f"ranks disagree: {sums}"
