@@ -67,6 +67,18 @@ def job_pids(job_id: str) -> list[int]:
     return pids
 
 
+def worker_pid(job_id: str, rank: int) -> int:
+    """The pid of the job's MindSpore worker ``rank``; fails the test when there is none."""
+    for pid in job_pids(job_id):
+        try:
+            env = psutil.Process(pid).environ()
+        except psutil.Error:
+            continue
+        if env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER":
+            return pid
+    raise AssertionError(f"job {job_id} runs no worker of rank {rank}")
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie, or a process gone while we looked, is not)."""
     try:

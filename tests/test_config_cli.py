@@ -64,25 +64,17 @@ def test_more_cards_than_devices(weird_tmp: Path) -> None:
     assert plan["device"] == "npu"
 
 
-def test_config_file_unknown_key_names_line(weird_tmp: Path) -> None:
+@pytest.mark.parametrize("text, line, words", [
+    ("cards: 2\n# a comment\nkill-timeout: 3\nshards: 4\ndevice: cpu\n", 4, "unknown key 'shards'"),
+    ("cards: 2\ndevice: cpu\nenv: [A=1\nconsole: all\n", 4, "invalid YAML"),
+    ("device: cpu\ncards: many\n", 2, "cards"),
+], ids=["unknown key", "invalid yaml", "bad value"])
+def test_a_bad_config_file_names_its_line(weird_tmp: Path, text: str, line: int, words: str) -> None:
     cfg = weird_tmp / "job.yaml"
-    cfg.write_text("cards: 2\n# a comment\nkill-timeout: 3\nshards: 4\n")
-    result = run_launcher("--config", str(cfg), "--device", "cpu", SCRIPT)
-    _one_line_error(result, f"{cfg}:4:", "unknown key 'shards'")
-
-
-def test_config_file_invalid_yaml_names_line(weird_tmp: Path) -> None:
-    cfg = weird_tmp / "job.yaml"
-    cfg.write_text("cards: 2\ndevice: cpu\nenv: [A=1\nconsole: all\n")
-    result = run_launcher("--config", str(cfg), SCRIPT)
-    _one_line_error(result, f"{cfg}:4:", "invalid YAML")
-
-
-def test_config_file_bad_value_names_line(weird_tmp: Path) -> None:
-    cfg = weird_tmp / "job.yaml"
-    cfg.write_text("device: cpu\ncards: many\n")
-    result = run_launcher("--config", str(cfg), SCRIPT)
-    _one_line_error(result, f"{cfg}:2:", "cards")
+    cfg.write_text(text)
+    result = run_launcher("--config", str(cfg), "--log-dir", str(weird_tmp / "logs"), SCRIPT)
+    _one_line_error(result, f"{cfg}:{line}:", words)
+    assert not (weird_tmp / "logs").exists()
 
 
 def test_config_file_values_and_flags_win(weird_tmp: Path) -> None:

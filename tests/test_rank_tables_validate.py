@@ -6,7 +6,6 @@ import copy
 import functools
 import json
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema
@@ -60,22 +59,24 @@ def test_problem_prints_path_then_message() -> None:
 # One case per kind of problem: (base table, change, {path: words in the message}).
 def set_(path: str, value: Any) -> Callable[[dict], None]:
     def change(doc: dict) -> None:
-        *parents, last = _parts(path)
-        target = doc
-        for part in parents:
-            target = target[part]
+        target, last = _parent(doc, path)
         target[last] = value
     return change
 
 
 def drop(path: str) -> Callable[[dict], None]:
     def change(doc: dict) -> None:
-        *parents, last = _parts(path)
-        target = doc
-        for part in parents:
-            target = target[part]
+        target, last = _parent(doc, path)
         del target[last]
     return change
+
+
+def _parent(doc: dict, path: str) -> tuple[Any, Any]:
+    """The container holding ``path``'s value in ``doc``, and its key or index there."""
+    *parents, last = _parts(path)
+    for part in parents:
+        doc = doc[part]
+    return doc, last
 
 
 def seventeen_devices() -> dict:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, checksums, initialised,
-                     job_pids, npu_launch_argv, run_launcher, wait_for)
+                     job_pids, npu_launch_argv, run_launcher, wait_for, worker_pid)
 
 pytestmark = pytest.mark.mindspore
 JOB = str(RANK_SCRIPTS / "ms_job.py")
@@ -26,15 +26,6 @@ def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = ()) -> sub
     argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job_id, "--log-dir",
                            str(tmp / "logs"), "--kill-timeout", "3", *extra, JOB, *script_args)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _rank_pid(job_id: str, rank: int) -> int:
-    """The pid of the job's worker ``rank``; fails the test when there is none."""
-    for pid in job_pids(job_id):
-        env = psutil.Process(pid).environ()
-        if env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER":
-            return pid
-    raise AssertionError(f"job {job_id} runs no worker of rank {rank}")
 
 
 def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
@@ -67,7 +58,7 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "kill-job", "--sleep-after-init", "3600")
     wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
     seen = tuple(job_pids("kill-job"))
-    victim = _rank_pid("kill-job", 1)
+    victim = worker_pid("kill-job", 1)
     psutil.Process(victim).kill()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL, err

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from helpers import (RANK_SCRIPTS, assert_no_job_processes, checksums, initialised, job_pids,
-                     npu_launch_argv, run_launcher, wait_for)
+                     npu_launch_argv, run_launcher, wait_for, worker_pid)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 JOB = str(RANK_SCRIPTS / "ms_job.py")
@@ -72,9 +72,7 @@ def test_rank_killed_on_node_1_ends_the_job_everywhere(ssh_cluster, weird_tmp: P
     proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
-    victim = next(p for p in job_pids(job)
-                  if psutil.Process(p).environ().get("RANK_ID") == "3"
-                  and psutil.Process(p).environ().get("MS_ROLE") == "MS_WORKER")
+    victim = worker_pid(job, 3)
     assert victim in ssh_cluster.pids_in(ssh_cluster.names[1])
     psutil.Process(victim).kill()
     out, err = proc.communicate(timeout=120)
