@@ -1,10 +1,13 @@
 """Fixtures and hooks only; what tests share otherwise is in ``helpers.py``.
 
-Hooks:
+What runs without being asked (hooks and one autouse fixture):
 
 * Under ``CI=true`` a skipped test fails: CI must run every test, and a skip there means a missing
   prerequisite (sshd, root, mpirun) that would otherwise pass unnoticed. The test is reported as
   failed (or as an error, when a fixture skipped) with the skip's reason.
+* Before its first test marked ``mindspore``, the test process makes itself a lone rank with
+  ``parallel.init()``, as a user's script starts (so in-process MindSpore tests run in the mode
+  the product selects, GRAPH).
 * A test module whose ``pytestmark`` carries a mark that the ``-m`` expression rejects is not
   imported at all, so ``-m "not mindspore"`` never imports MindSpore, not even to collect.
 """
@@ -35,7 +38,7 @@ def lone_rank() -> object:
 
     With no launcher's variables in its environment it is a lone process started by hand: it
     joins no cluster and runs in the execution mode ``init()`` selects (GRAPH, unless asked
-    otherwise). Returns the ``RankInfo``. MindSpore is imported only once a test asks for it.
+    otherwise). Returns the ``RankInfo``. Only MindSpore tests ask for it, so only they load it.
     """
     import parallel
 
@@ -43,6 +46,18 @@ def lone_rank() -> object:
         for name in launcher_variables(os.environ):
             env.delenv(name)
         return parallel.init()
+
+
+@pytest.fixture(autouse=True)
+def _mindspore_tests_run_in_a_lone_rank(request: pytest.FixtureRequest) -> None:
+    """Before the first test marked mindspore, this process becomes a rank (``lone_rank``).
+
+    That is how a user's script starts, and MindSpore allows it only then: once any kernel ran,
+    ``parallel.init()`` can no longer select the device. So whichever MindSpore test runs first
+    (the order of files and ``-k`` decide), every later one finds the rank already made.
+    """
+    if request.node.get_closest_marker("mindspore") is not None:
+        request.getfixturevalue("lone_rank")
 
 
 # CI=true: a skip is a failure ---------------------------------------------------------------------
