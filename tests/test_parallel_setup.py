@@ -19,7 +19,9 @@ import pytest
 from launcher import contract
 from parallel.config import DeviceTarget, ParallelConfig
 
+pytestmark = pytest.mark.mindspore
 REPO = Path(__file__).resolve().parents[1]
+GRAPH_MODE, PYNATIVE_MODE = 0, 1  # mindspore.GRAPH_MODE, mindspore.PYNATIVE_MODE
 CONTEXT_KEYS = ["parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch",
                 "enable_parallel_optimizer", "pipeline_stages"]
 
@@ -129,17 +131,19 @@ def test_a_model_parallel_script_stops_at_init_saying_it_needs_ascend(tmp_path, 
 
 
 INIT_REPORT = """
-    import json
+    import json, os
     import mindspore as ms
     from mindspore.communication import GlobalComm
     import parallel
-    info = parallel.init()
+    asked = os.environ.get("TEST_EXEC_MODE")
+    info = parallel.init(exec_mode=asked) if asked else parallel.init()
     print(json.dumps({
         "rank": info.rank, "world": info.world_size, "device": info.device_target.value,
         "dp": info.config.dp, "shard": list(info.shard), "seed": ms.get_seed(),
         "policy": info.config.shard_policy.value, "execution_mode": ms.get_context("mode"),
         "parallel_mode": ms.get_auto_parallel_context("parallel_mode"),
         "inited": GlobalComm.INITED, "same_init": parallel.init is __import__("parallel.setup").setup.init,
+        "info_exec_mode": info.exec_mode.value, "exec_mode_source": info.exec_mode_source,
     }))
 """
 
@@ -149,21 +153,34 @@ def test_a_lone_process_initialises_without_a_cluster_and_reports_it(tmp_path):
     answer = _last_json(_python(INIT_REPORT, _clean_environ(**{
         contract.EVENTS_FILE: str(events), contract.SEED: "17", contract.DEVICE_KIND: "cpu"}), tmp_path))
     assert answer == {"rank": 0, "world": 1, "device": "CPU", "dp": 1, "shard": [1, 0], "seed": 17,
-                      "policy": "drop", "execution_mode": answer["execution_mode"],
-                      "parallel_mode": "stand_alone", "inited": False, "same_init": True}
+                      "policy": "drop", "execution_mode": GRAPH_MODE, "info_exec_mode": "graph",
+                      "exec_mode_source": "parallel.init()", "parallel_mode": "stand_alone",
+                      "inited": False, "same_init": True}
     [event] = [json.loads(line) for line in events.read_text().splitlines()]
-    assert {key: event[key] for key in ("event", "rank", "world_size", "device_target", "mode")} == {
+    assert {key: event[key] for key in ("event", "rank", "world_size", "device_target", "mode",
+                                        "exec_mode")} == {
         "event": contract.EVENT_INITIALISED, "rank": 0, "world_size": 1, "device_target": "CPU",
-        "mode": "data"}
+        "mode": "data", "exec_mode": "graph"}
 
 
-def test_debug_mode_skips_communication_and_runs_pynative(tmp_path):
+def test_a_script_can_ask_for_pynative_and_is_told_when_it_asks_for_nonsense(tmp_path):
+    answer = _last_json(_python(INIT_REPORT, _clean_environ(TEST_EXEC_MODE="PyNative"), tmp_path))
+    assert (answer["execution_mode"], answer["info_exec_mode"]) == (PYNATIVE_MODE, "pynative")
+    assert answer["exec_mode_source"] == "parallel.init(exec_mode='pynative')"
+    result = _python(INIT_REPORT, _clean_environ(TEST_EXEC_MODE="eager"), tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ValueError: parallel.init(exec_mode='eager'): expected 'graph' or 'pynative'")
+
+
+def test_debug_mode_skips_communication_and_runs_pynative_even_when_graph_is_asked_for(tmp_path):
     layout = ParallelConfig(seed=42, shard_policy="pad").to_json()
-    answer = _last_json(_python(INIT_REPORT, _clean_environ(**{
+    answer = _last_json(_python(INIT_REPORT, _clean_environ(TEST_EXEC_MODE="graph", **{
         contract.DEBUG: "1", contract.RANK: "1", contract.WORLD_SIZE: "2", contract.PARALLEL: layout,
         contract.MS_ROLE: contract.ROLE_WORKER}), tmp_path))
     assert answer["inited"] is False
-    assert answer["execution_mode"] == 1  # mindspore.PYNATIVE_MODE
+    assert (answer["execution_mode"], answer["info_exec_mode"]) == (PYNATIVE_MODE, "pynative")
+    assert answer["exec_mode_source"] == "--debug"
     assert (answer["rank"], answer["world"], answer["shard"]) == (1, 2, [2, 1])
     assert (answer["seed"], answer["policy"], answer["parallel_mode"]) == (42, "pad", "stand_alone")
 

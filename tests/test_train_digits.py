@@ -67,10 +67,14 @@ def test_killed_rank_restarts_and_resumes_to_the_same_parameters(weird_tmp: Path
     kill_at = steps_per_epoch + steps_per_epoch // 2  # mid-epoch 2, after epoch 1's checkpoint
     second = run_launcher(*common, "--max-restarts", "1", "--job-id", "resume-job",
                           "--log-dir", str(resumed / "logs"), FAULTS, "--kill-at-step",
-                          str(kill_at), "--epochs", "3", "--save-params", str(resumed / "params"))
+                          str(kill_at), "--epochs", "3", "--ckpt-every", "1",
+                          "--save-params", str(resumed / "params"))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "restart 1 of 1 after: job resume-job failed: rank 1" in second.stderr
     assert "killed by SIGKILL" in second.stderr
+    rank_logs = [(resumed / "logs" / f"rank_{rank}.log").read_text() for rank in (0, 1)]
+    assert all(f"resumed from step {steps_per_epoch});" in log for log in rank_logs), \
+        "both ranks resume from epoch 1's checkpoint, not from scratch"
     for rank in (0, 1):
         a = np.load(straight / "params" / f"rank{rank}.npz")
         b = np.load(resumed / "params" / f"rank{rank}.npz")
