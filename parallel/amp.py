@@ -1,8 +1,8 @@
 """Mixed precision and loss scaling for the trainer: one code path for CPU and Ascend.
 
-The pieces are MindSpore's functional ones (``auto_mixed_precision``, ``DynamicLossScaler``,
-``StaticLossScaler``): ``Model``'s loss-scale managers and ``TrainOneStepWithLossScaleCell`` do not
-run on CPU (they need ``NPUGetFloatStatusV2``), the functional scalers do.
+``Model``'s loss-scale managers and ``TrainOneStepWithLossScaleCell`` do not run on CPU (they
+need ``NPUGetFloatStatusV2``). The trainer scales with ``parallel.train_cells.LossScaler``, the
+rule of MindSpore's functional ``DynamicLossScaler``/``StaticLossScaler`` as plain graph ops.
 """
 from __future__ import annotations
 
@@ -153,14 +153,13 @@ def _cast_cells(network: Any, kinds: tuple[type, ...], dtype: Any) -> None:
 
 
 def make_scaler(config: LossScaleConfig) -> Optional[Any]:
-    """The MindSpore loss scaler for ``config``; ``None`` for ``none``."""
-    from mindspore import amp
+    """The loss scaler for ``config`` (``parallel.train_cells.LossScaler``); ``None`` for ``none``."""
+    if config.mode is LossScaleMode.NONE:
+        return None
+    from parallel.train_cells import LossScaler
 
-    if config.mode is LossScaleMode.DYNAMIC:
-        return amp.DynamicLossScaler(float(config.init_scale), config.factor, config.window)
-    if config.mode is LossScaleMode.FIXED:
-        return amp.StaticLossScaler(float(config.init_scale))
-    return None
+    return LossScaler(float(config.init_scale), config.factor, config.window,
+                      dynamic=config.mode is LossScaleMode.DYNAMIC)
 
 
 def scaler_state(scaler: Optional[Any]) -> tuple[float, int]:

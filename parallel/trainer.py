@@ -1,8 +1,9 @@
 """The shared trainer: mixed precision, loss scaling, accumulation, clipping, checkpoints, events.
 
 One code path for CPU and Ascend: the step is a ``Cell`` whose ``construct`` runs
-``value_and_grad``, the (data-parallel) gradient all-reduce, ``amp.all_finite`` and the optimizer,
-with MindSpore's functional loss scalers. ``Model`` with a loss-scale manager and
+``value_and_grad``, the (data-parallel) gradient all-reduce, a finiteness check and the optimizer,
+with a loss scaler written as plain graph ops (``train_cells.LossScaler``: MindSpore's functional
+scalers follow the same rule, more slowly). ``Model`` with a loss-scale manager and
 ``TrainOneStepWithLossScaleCell`` do not run on CPU; a bare ``@ms.jit`` function was 1.5-4x
 slower than a compiled ``Cell``.
 

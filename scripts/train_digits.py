@@ -3,10 +3,14 @@
     npu-launch --cards 2 scripts/train_digits.py
 
 Each rank joins the job through ``parallel.init()``, reads its shard of the training images
-through ``sharded_dataset``, and trains with the shared ``Trainer`` (AMP O1, dynamic loss
-scaling, a checkpoint every epoch, ``resume="auto"``: a restarted job continues where the last
-complete checkpoint left it). At the end every rank prints its held-out accuracy and a checksum
-of its trainable parameters; equal checksums mean the gradients were averaged across ranks.
+through ``sharded_dataset``, and trains with the shared ``Trainer`` in GRAPH mode, taking the fast
+path for its device: ``--amp auto`` is O1 on Ascend and O0 on CPU (whose float16 kernels are
+slower than float32), and ``--loss-scale auto`` scales dynamically where AMP computes in float16
+(none in float32). It evaluates on its shard of the held-out images every epoch, checkpoints every
+``--ckpt-every`` epochs and at the end, and resumes with ``resume="auto"`` (a restarted job
+continues where the last complete checkpoint left it). At the end every rank prints its held-out
+accuracy, its AMP level and loss scale, and a checksum of its trainable parameters; equal
+checksums mean the gradients were averaged across ranks.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import parallel
 from launcher import contract
 from parallel.data import sharded_dataset
 from parallel.schedules import LrSchedule
-from parallel.trainer import Callback, Trainer
+from parallel.trainer import Callback, FitResult, Trainer
 
 HELD_OUT = 0.2
 
@@ -33,11 +37,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--amp", default="O1", choices=["O0", "O1", "O2", "O3"])
+    parser.add_argument("--amp", default="auto", choices=["auto", "O0", "O1", "O2", "O3"],
+                        help="auto: O1 on Ascend, O0 on CPU [default: auto]")
+    parser.add_argument("--loss-scale", default="auto", choices=["auto", "dynamic", "fixed", "none"],
+                        help="auto: dynamic when AMP computes in float16 (O1-O3), none in "
+                             "float32 (O0) [default: auto]")
     parser.add_argument("--ckpt-dir", type=Path, default=None,
                         help="[default: checkpoints/ in the job's log dir]")
-    parser.add_argument("--ckpt-every", type=int, default=1, metavar="EPOCHS",
-                        help="checkpoint every EPOCHS epochs and at the end [default: 1]")
+    parser.add_argument("--ckpt-every", type=int, default=5, metavar="EPOCHS",
+                        help="checkpoint every EPOCHS epochs and at the end [default: 5]")
     parser.add_argument("--save-params", type=Path, default=None,
                         help="write this rank's trainable parameters to DIR/rank<R>.npz")
     return parser.parse_args(argv)
@@ -81,10 +89,26 @@ def build(args: argparse.Namespace, callbacks: Sequence[Callback] = ()) -> tuple
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     ckpt_dir = args.ckpt_dir or Path(os.environ.get(contract.LOG_DIR, ".")) / "checkpoints"
     trainer = Trainer(net, loss, optimizer, train, held_out, info=info,
-                      callbacks=callbacks, amp_level=args.amp, loss_scale="dynamic",
+                      callbacks=callbacks, amp_level=amp_level(args.amp, info),
+                      loss_scale=None if args.loss_scale == "auto" else args.loss_scale,
                       ckpt_dir=str(ckpt_dir), ckpt_every_epochs=args.ckpt_every, resume="auto",
                       log_every=5)
     return trainer, net
+
+
+def amp_level(asked: str, info: parallel.RankInfo) -> str:
+    """``auto``: O1 where float16 pays (Ascend), O0 on CPU (its float16 kernels are slower)."""
+    if asked != "auto":
+        return asked
+    return "O0" if info.device_target.value == "CPU" else "O1"
+
+
+def _precision(trainer: Trainer, result: FitResult) -> str:
+    level, scaling = trainer.options.amp_level.value, trainer.options.loss_scale.mode.value
+    if scaling == "none":
+        return f"AMP {level}, no loss scaling"
+    return (f"AMP {level}, {scaling} loss scale {result.loss_scale:g}, "
+            f"{result.skipped_steps} update(s) skipped")
 
 
 def checksum(net: nn.Cell) -> float:
@@ -102,8 +126,8 @@ def main(argv: Optional[Sequence[str]] = None, callbacks: Sequence[Callback] = (
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
     resumed = f", resumed from step {result.resumed_from}" if result.resumed_from else ""
     print(f"rank {rank}: held-out accuracy {result.accuracy:.4f} after {result.steps} steps "
-          f"({result.samples_per_s:.0f} samples/s{resumed}); checksum {checksum(net):.8f}",
-          flush=True)
+          f"({result.samples_per_s:.0f} samples/s, {_precision(trainer, result)}{resumed}); "
+          f"checksum {checksum(net):.8f}", flush=True)
 
 
 if __name__ == "__main__":
