@@ -13,6 +13,7 @@ import datetime
 import json
 import math
 import os
+import sys
 from typing import Any, Iterator, Optional, TextIO
 
 import click
@@ -79,7 +80,7 @@ class EvalSeries:
 @click.option("--no-plot", is_flag=True, help="Print the table only.")
 def report(log_dir: str, output: Optional[str], no_plot: bool) -> None:
     """Print a job's summary and plot loss, throughput and held-out results per rank."""
-    run_report(ReportOptions.build(log_dir, output, no_plot), click.get_text_stream("stdout"))
+    run_report(ReportOptions.build(log_dir, output, no_plot), sys.stdout)
 
 
 def run_report(options: ReportOptions, out: TextIO) -> None:
