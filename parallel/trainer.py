@@ -617,7 +617,7 @@ def _warn_about_context(world_size: int, info: Optional[RankLike]) -> None:
 def _pynative_source(info: Optional[RankLike]) -> str:
     """Who put the rank in PyNative, as far as this rank can tell."""
     chosen = getattr(info, "exec_mode", None)
-    if chosen is not None and chosen.value == "pynative":
+    if chosen is ExecMode.PYNATIVE:
         return f"chosen by {info.exec_mode_source}"  # type: ignore[union-attr]
     if chosen is not None:
         return f"set after {info.exec_mode_source} selected GRAPH_MODE"  # type: ignore[union-attr]
