@@ -86,7 +86,7 @@ class ClusterSupervisor:
 
     def run(self) -> JobResult:
         started = time.time()
-        group = ProcessGroup(self._plan.job_id, self._base_env, self._plan.workdir)
+        group = ProcessGroup(self._plan.token, self._base_env, self._plan.workdir)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
             for agent in self._agents:

@@ -51,7 +51,11 @@ MASTER_PORT = "MASTER_PORT"
 
 # npu-launch's own.
 JOB_ID = "NPU_LAUNCH_JOB_ID"
-"""Marks every process of a job; teardown finds stragglers by it, never by command name."""
+"""The job's name, as the user sees it (logs, events). Another launch may carry the same one."""
+TOKEN = "NPU_LAUNCH_TOKEN"
+"""A secret drawn for each launch (attempt): teardown sweeps stragglers by it and the node rank,
+never by the user-visible job id or by command name, so no launch signals a process it did not
+start."""
 LOG_DIR = "NPU_LAUNCH_LOG_DIR"
 EVENTS_FILE = "NPU_LAUNCH_EVENTS_FILE"
 """JSON lines appended by the rank: ``{"event": ..., "rank": ..., "time": ...}``."""

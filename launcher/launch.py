@@ -30,6 +30,7 @@ from launcher.events import prepare_dirs
 from launcher.failures import Outcome
 from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
+from launcher.joblock import LogDirLock
 from launcher.output import Console
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import render, run_preflight
@@ -56,6 +57,17 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
     if config.dry_run:
         out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
         return 0
+    lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
+    try:
+        result = _run_monitored(job, config, environ, err)
+    finally:
+        lock.release()
+    print_message(result, err)
+    return result.exit_code
+
+
+def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str],
+                   err: TextIO) -> JobResult:
     monitor = _monitor(job, config)
     result: Optional[JobResult] = None
     try:
@@ -65,8 +77,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
             monitor.close("error", 1, "npu-launch itself failed")
         else:
             monitor.close(result.outcome.value, result.exit_code, result.message)
-    print_message(result, err)
-    return result.exit_code
+    return result
 
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
@@ -111,14 +122,25 @@ class StartTracker:
 
 def _monitor(job: Job, config: LaunchConfig) -> JobMonitor:
     """The job's monitor. A node of a job started by hand on every node watches only its own
-    ranks, and keeps its files in its own folder (the log dir may be shared)."""
+    ranks (see ``_own_log_dir``)."""
     plan = job.plan
     live = sys.stdout.isatty() and os.environ.get("TERM", "dumb") != "dumb" and not plan.foreground
-    by_hand = job.backend is None and plan.nnodes > 1
-    specs = plan.on_node(job.node_rank) if by_hand else plan.processes
-    log_dir = os.path.dirname(specs[-1].log_path) if by_hand else plan.log_dir
-    return JobMonitor(log_dir, plan.job_id, {s.rank: s.host for s in specs if s.rank is not None},
+    specs = plan.on_node(job.node_rank) if _by_hand(job) else plan.processes
+    return JobMonitor(_own_log_dir(job), plan.job_id,
+                      {s.rank: s.host for s in specs if s.rank is not None},
                       sys.stdout if live else sys.stderr, live, config.hang_timeout or None)
+
+
+def _by_hand(job: Job) -> bool:
+    return job.backend is None and job.plan.nnodes > 1
+
+
+def _own_log_dir(job: Job) -> str:
+    """Where this launcher keeps its files: the job's log dir, or, for a node of a job started by
+    hand on every node, that node's own folder in it (the log dir may be shared)."""
+    if _by_hand(job):
+        return os.path.dirname(job.plan.on_node(job.node_rank)[-1].log_path)
+    return job.plan.log_dir
 
 
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
@@ -274,7 +296,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
         device=device, nodes=nodes, base_pythonpath=environ.get("PYTHONPATH", ""),
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
         assignments=table.assignments if table else None, rank_table_path=table_path,
-        world_size=world, agents=agents,
+        world_size=world, agents=agents, token=secrets.token_hex(16),
     )
     return build_plan(config, inputs)
 

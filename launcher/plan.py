@@ -116,6 +116,8 @@ class LaunchPlan:
     workdir: str
     foreground: bool
     """One rank on one node: it gets the terminal (stdin too, for pdb) instead of a log file."""
+    token: str = ""
+    """This launch's secret (``contract.TOKEN``): what teardown sweeps by."""
 
     @property
     def processes(self) -> tuple[ProcessSpec, ...]:
@@ -185,6 +187,8 @@ class PlanInputs:
     """Node agents run the ranks (multi-node backends): no rank may take the terminal."""
     inherited: frozenset[str] = frozenset()
     """Names already set in the environment the ranks inherit: the plan's defaults yield to them."""
+    token: str = ""
+    """This launch's secret; every process carries it (``contract.TOKEN``)."""
 
 
 def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
@@ -199,7 +203,7 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
                       workdir=os.path.abspath(config.workdir or "."),
                       foreground=len(ranks) == 1 and len(inputs.nodes) == 1
-                      and not inputs.agents)
+                      and not inputs.agents, token=inputs.token)
 
 
 def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:
@@ -277,7 +281,7 @@ def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[s
 def _common_env(inputs: PlanInputs, node: Node) -> dict[str, str]:
     pythonpath = os.pathsep.join(p for p in (inputs.boot_dir, inputs.base_pythonpath) if p)
     env = {
-        contract.JOB_ID: inputs.job_id, contract.LOG_DIR: inputs.log_dir,
+        contract.JOB_ID: inputs.job_id, contract.TOKEN: inputs.token, contract.LOG_DIR: inputs.log_dir,
         contract.DEVICE_KIND: inputs.device.value, contract.HOST: node.host,
         contract.NODE_RANK: str(node.node_rank), contract.NNODES: str(len(inputs.nodes)),
         "PYTHONUNBUFFERED": "1",

@@ -2,8 +2,9 @@
 
 Each process runs in its own session, so ``os.killpg`` reaches whatever it started too. ``close``
 is idempotent: SIGTERM to every group still alive, wait to a deadline, SIGKILL the rest, reap, and
-finally kill any stray process that still carries the job id in its environment (a grandchild
-that called ``setsid``). It never matches processes by command name: that would hit other jobs.
+finally kill any stray process that still carries this launch's token and node rank in its
+environment (a grandchild that called ``setsid``). It never matches processes by command name or
+by the user-visible job id: either could belong to another job.
 """
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ class Exit:
 class ProcessGroup:
     """Every process this launcher started on this node, keyed by label."""
 
-    def __init__(self, job_id: str, base_env: Mapping[str, str], workdir: str,
+    def __init__(self, token: str, base_env: Mapping[str, str], workdir: str,
                  node_rank: Optional[int] = None) -> None:
-        self._job_id = job_id
+        self._token = token
         self._node_rank = node_rank
         self._base_env = dict(base_env)
         self._workdir = workdir
@@ -127,8 +128,8 @@ class ProcessGroup:
         ended += self._wait_until(time.monotonic() + grace)
         self._signal_all(signal.SIGKILL)
         ended += self._wait_until(time.monotonic() + 5.0)
-        if self._node_rank is not None:
-            kill_job_strays(self._job_id, self._node_rank)
+        if self._node_rank is not None and self._token:
+            kill_job_strays(self._token, self._node_rank)
         for pump in self._pumps.values():
             pump.join(1.0)
         return ended
@@ -174,14 +175,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def kill_job_strays(job_id: str, node_rank: int) -> list[int]:
-    """SIGKILL every process whose environment carries ``job_id`` and this node's rank.
+def kill_job_strays(token: str, node_rank: int) -> list[int]:
+    """SIGKILL every process whose environment carries this launch's ``token`` and node rank.
 
     The node rank matters where several "hosts" share one process table (containers, network
     namespaces): each node agent must sweep only its own node's processes.
     """
     killed = []
-    for proc in job_processes(job_id, node_rank):
+    for proc in job_processes(token, node_rank):
         try:
             proc.kill()
             killed.append(proc.pid)
@@ -190,8 +191,8 @@ def kill_job_strays(job_id: str, node_rank: int) -> list[int]:
     return killed
 
 
-def job_processes(job_id: str, node_rank: int) -> list[psutil.Process]:
-    """Processes (not this one) whose environment has this job id and node rank."""
+def job_processes(token: str, node_rank: int) -> list[psutil.Process]:
+    """Processes (not this one) whose environment has this launch's token and node rank."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -199,7 +200,7 @@ def job_processes(job_id: str, node_rank: int) -> list[psutil.Process]:
             continue
         try:
             env = proc.environ()
-            if env.get(contract.JOB_ID) == job_id and env.get(contract.NODE_RANK) == str(node_rank):
+            if env.get(contract.TOKEN) == token and env.get(contract.NODE_RANK) == str(node_rank):
                 found.append(proc)
         except psutil.Error:
             continue

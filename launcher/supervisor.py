@@ -81,7 +81,7 @@ class Supervisor:
 
     def run(self) -> JobResult:
         started = time.time()
-        group = ProcessGroup(self._plan.job_id, self._base_env, self._plan.workdir,
+        group = ProcessGroup(self._plan.token, self._base_env, self._plan.workdir,
                              self._node_rank)
         previous = self._install_signal_handlers()
         try:

@@ -1,0 +1,59 @@
+"""One live job per log directory: an exclusive ``flock`` held for the whole launch.
+
+Two launches that name the same job id (two CI pipelines passing ``--job-id nightly``) would
+otherwise write into one log directory; the second is refused before it starts anything. The
+lock is the kernel's, so it goes when the process holding it dies, however it dies: no stale
+lock files to clean up.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import Optional
+
+from launcher.errors import ConfigError
+
+LOCK_NAME = ".npu_launch.lock"
+
+
+class LogDirLock:
+    """Holds ``log_dir``'s lock from :meth:`acquire` until :meth:`release` (or process exit)."""
+
+    def __init__(self, log_dir: str, job_id: str) -> None:
+        self.path = os.path.join(log_dir, LOCK_NAME)
+        self.job_id = job_id
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "LogDirLock":
+        """Take the lock, or raise ``ConfigError`` naming the live job's pid."""
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"--log-dir {os.path.dirname(self.path)}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise ConfigError(
+                f"job {self.job_id}: log directory {os.path.dirname(self.path)} is in use by a "
+                f"live job (npu-launch pid {holder}); give this one another --job-id or "
+                f"--log-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Let the lock go; idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
