@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from launcher import contract
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from parallel.config import ParallelConfig
@@ -107,8 +109,7 @@ class LaunchConfig:
         if self.node_rank is not None:
             self._check_manual_node()
         for key, _ in self.env:
-            if not key or "=" in key or not key.replace("_", "a").isalnum():
-                raise ConfigError(f"--env {key!r}: not a variable name")
+            _check_env_name(key)
 
     def _check_manual_node(self) -> None:
         """``--node-rank`` starts this node's share of a job started by hand on every node."""
@@ -120,6 +121,18 @@ class LaunchConfig:
         if not self.master_addr or self.master_port is None:
             raise ConfigError("--node-rank: every node needs the same --master-addr and "
                               "--master-port")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env_name(key: str) -> None:
+    if not _ENV_NAME.fullmatch(key):
+        raise ConfigError(f"--env {key[:80]!r}: not a variable name (letters, digits, _; "
+                          "not starting with a digit)")
+    owner = contract.owner_of(key)
+    if owner:
+        raise ConfigError(f"--env {key}: npu-launch sets {key} in every rank itself ({owner})")
 
 
 def parse_env_pairs(pairs: Iterable[str], option: str = "--env") -> tuple[tuple[str, str], ...]:
@@ -146,12 +159,9 @@ def read_config_file(path: str) -> dict[str, FileSetting]:
 
     Keys may use ``-`` or ``_``; they come back with ``_``. Errors name ``path:line``.
     """
+    text = _read_bounded(path)
     try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"--config {path}: {e.strerror}") from None
-    try:
+        _refuse_aliases(path, text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -162,6 +172,35 @@ def read_config_file(path: str) -> dict[str, FileSetting]:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:{node.start_mark.line + 1}: expected a mapping of option: value")
     return _settings_from_mapping(path, node)
+
+
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def _read_bounded(path: str) -> str:
+    """The file's text, refused past ``CONFIG_MAX_BYTES`` (``/dev/zero`` is a file too)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: {e.strerror}") from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"--config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB; a job "
+                          "config is a page of options")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
+
+
+def _refuse_aliases(path: str, text: str) -> None:
+    """A job config has no use for YAML aliases, and an alias bomb ("billion laughs") expands
+    to gigabytes: refuse every alias, before anything is built from the document."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError(f"{path}:{event.start_mark.line + 1}: YAML alias *{event.anchor} "
+                              "(aliases are not allowed in a job config; write the value out)")
 
 
 def _settings_from_mapping(path: str, node: yaml.MappingNode) -> dict[str, FileSetting]:

@@ -85,6 +85,26 @@ RESTART = "NPU_LAUNCH_RESTART"
 
 PREFIX = "NPU_LAUNCH_"
 
+OWNED = {
+    **dict.fromkeys((MS_ROLE, MS_SCHED_HOST, MS_SCHED_PORT, MS_WORKER_NUM, MS_NODE_ID),
+                    "for MindSpore's dynamic cluster, from --master-addr, --master-port and the "
+                    "cards"),
+    **dict.fromkeys((RANK_ID, RANK, RANK_SIZE, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
+                    "from --cards and the hosts, or the rank table"),
+    DEVICE_ID: "from --cards, ASCEND_RT_VISIBLE_DEVICES or the rank table",
+    MASTER_ADDR: "from --master-addr", MASTER_PORT: "from --master-port",
+    RANK_TABLE_FILE: "from --rank-table",
+}
+"""Variables npu-launch sets in every rank itself, and from what: ``--env`` may not set them
+(nor anything starting with ``PREFIX``)."""
+
+
+def owner_of(name: str) -> "str | None":
+    """Why ``--env name=...`` is refused, or ``None`` when a user may set ``name``."""
+    if name.startswith(PREFIX):
+        return "for its own bookkeeping"
+    return OWNED.get(name)
+
 # Event names written to EVENTS_FILE.
 EVENT_STARTED = "started"
 EVENT_INIT_STARTED = "init-started"

@@ -245,7 +245,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
         env[contract.RANK_TABLE_FILE] = os.path.abspath(inputs.rank_table_path or "")
     else:
         env[contract.DEBUG] = "1" if config.debug else "0"
-    env.update(config.env)
+    _add_user_env(env, config, inputs)
     return ProcessSpec(role=Role.RANK, rank=rank, host=node.host, node_rank=node.node_rank,
                        local_rank=local_rank, device_id=device,
                        log_path=os.path.join(node_dir, f"rank_{rank}.log"), env=env,
@@ -255,7 +255,8 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
 def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:
     node = inputs.nodes[0]
     env = {**_common_env(inputs, node), **_cluster_env(config, inputs, world),
-           contract.MS_ROLE: contract.ROLE_SCHEDULER, **dict(config.env)}
+           contract.MS_ROLE: contract.ROLE_SCHEDULER}
+    _add_user_env(env, config, inputs)
     return ProcessSpec(role=Role.SCHEDULER, rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
                        device_id=None,
                        log_path=os.path.join(node_log_dir(inputs, node.host), "scheduler.log"),
@@ -276,6 +277,15 @@ def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[s
     env.update({k: v for k, v in _FAST_RETRY.items()
                 if k not in inputs.inherited and k not in inputs.extra_env})
     return env
+
+
+def _add_user_env(env: dict[str, str], config: LaunchConfig, inputs: PlanInputs) -> None:
+    """``--env`` on top; a ``PYTHONPATH`` of the user's goes after the boot directory, which
+    must stay first (it loads the rank hook: error reports, the parent-death signal)."""
+    env.update(config.env)
+    user_path = dict(config.env).get("PYTHONPATH")
+    if user_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (inputs.boot_dir, user_path) if p)
 
 
 def _common_env(inputs: PlanInputs, node: Node) -> dict[str, str]:

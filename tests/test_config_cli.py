@@ -29,6 +29,11 @@ def _one_line_error(result, *needles: str) -> None:
     (["--device", "cpu", "--no-such-option", SCRIPT], ["--no-such-option"]),
     (["--device", "cpu", "--console", "zero", SCRIPT], ["--console zero"]),
     (["--device", "cpu", "--env", "NOEQUALS", SCRIPT], ["--env", "NOEQUALS"]),
+    (["--device", "cpu", "--env", "1X=1", SCRIPT], ["--env '1X'", "not a variable name"]),
+    (["--device", "cpu", "--env", "RANK=3", SCRIPT], ["--env RANK", "from --cards"]),
+    (["--device", "cpu", "--env", "MS_SCHED_PORT=1", SCRIPT], ["--env MS_SCHED_PORT", "--master-port"]),
+    (["--device", "cpu", "--env", "MASTER_ADDR=h", SCRIPT], ["--env MASTER_ADDR", "--master-addr"]),
+    (["--device", "cpu", "--env", "NPU_LAUNCH_TOKEN=x", SCRIPT], ["--env NPU_LAUNCH_TOKEN", "itself"]),
     (["--device", "cpu", "--debug", "--cards", "2", SCRIPT], ["--debug", "--cards 2"]),
     (["--device", "npu", "--cards", "2", SCRIPT], ["--device npu", "no Ascend cards"]),
 ])
@@ -75,6 +80,31 @@ def test_a_bad_config_file_names_its_line(weird_tmp: Path, text: str, line: int,
     result = run_launcher("--config", str(cfg), "--log-dir", str(weird_tmp / "logs"), SCRIPT)
     _one_line_error(result, f"{cfg}:{line}:", words)
     assert not (weird_tmp / "logs").exists()
+
+
+BILLION_LAUGHS = "device: cpu\nenv:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  {name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
+    for prev, name in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("content, words", [
+    (BILLION_LAUGHS.encode(), ":4: YAML alias *a"),
+    (b"device: cpu\nscript_args: [&x 1, *x]\n", ":2: YAML alias *x"),
+    (b"device: cpu\ncards: \xff\n", ":2: not UTF-8 text"),
+    (b"# " + b"x" * (1 << 20) + b"\n", "larger than 1024 KiB"),
+], ids=["alias bomb", "any alias", "not utf-8", "too large"])
+def test_a_hostile_config_file_is_refused_at_once(weird_tmp: Path, content: bytes, words: str) -> None:
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_bytes(content)
+    result = run_launcher("--config", str(cfg), "--log-dir", str(weird_tmp / "logs"), SCRIPT,
+                          timeout=60)
+    _one_line_error(result, str(cfg), words)
+    assert not (weird_tmp / "logs").exists()
+
+
+def test_config_from_dev_zero_is_refused() -> None:
+    result = run_launcher("--config", "/dev/zero", SCRIPT, timeout=60)
+    _one_line_error(result, "--config /dev/zero: larger than 1024 KiB")
 
 
 def test_config_file_values_and_flags_win(weird_tmp: Path) -> None:

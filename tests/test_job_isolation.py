@@ -6,6 +6,7 @@ directory of a live job is refused before it starts anything.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -71,3 +72,22 @@ def test_a_second_launch_into_a_live_jobs_log_dir_is_refused(weird_tmp: Path) ->
     again = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "nightly",
                          "--log-dir", str(logs), JOB, "--steps", "1")
     assert again.returncode == 0, "once the job is gone its log directory can be used again"
+
+
+def test_a_users_pythonpath_keeps_the_rank_hook(weird_tmp: Path) -> None:
+    """``--env PYTHONPATH=...`` used to replace the boot directory: no rank hook, so no
+    parent-death signal, and a ``kill -9`` of the launcher left the ranks running."""
+    logs, lib = weird_tmp / "logs", weird_tmp / "user lib"
+    lib.mkdir()
+    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", "user-path",
+                           "--log-dir", str(logs), "--env", f"PYTHONPATH={lib}", JOB,
+                           "--sleep-after-init", "3600")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: initialised(logs, range(2)), "both ranks initialised")
+    seen = job_pids("user-path")
+    rank_env = json.loads((logs / "plan.json").read_text())["ranks"][0]["env"]
+    assert rank_env["PYTHONPATH"].split(os.pathsep)[-1] == str(lib)
+    assert rank_env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("parallel", "_boot"))
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: not any(alive(p) for p in seen), "ranks to follow their dead launcher", 60)
