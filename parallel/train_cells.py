@@ -34,7 +34,6 @@ class LossScaler:
                         if dynamic else None)
         self.dynamic = dynamic
         self.factor = float(factor)
-        self.last = window - 1
         self.window = window
         self.hyper_map = ops.HyperMap()
 
@@ -50,7 +49,7 @@ class LossScaler:
     def adjust(self, finite: Any) -> Any:
         if self.dynamic:
             grown = self.scale_value * self.factor
-            kept = ops.select(self.counter == self.last,
+            kept = ops.select(self.counter == self.window - 1,
                               ops.select(ops.isfinite(grown), grown, self.scale_value),
                               self.scale_value)
             shrunk = ops.maximum(ops.ones((), ms.float32), self.scale_value / self.factor)

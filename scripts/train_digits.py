@@ -25,6 +25,7 @@ from mindspore import nn
 
 import parallel
 from launcher import contract
+from parallel.config import DeviceTarget
 from parallel.data import sharded_dataset
 from parallel.schedules import LrSchedule
 from parallel.trainer import Callback, FitResult, Trainer
@@ -100,7 +101,7 @@ def amp_level(asked: str, info: parallel.RankInfo) -> str:
     """``auto``: O1 where float16 pays (Ascend), O0 on CPU (its float16 kernels are slower)."""
     if asked != "auto":
         return asked
-    return "O0" if info.device_target.value == "CPU" else "O1"
+    return "O0" if info.device_target is DeviceTarget.CPU else "O1"
 
 
 def _precision(trainer: Trainer, result: FitResult) -> str:

@@ -83,11 +83,17 @@ def test_a_users_pythonpath_keeps_the_rank_hook(weird_tmp: Path) -> None:
                            "--log-dir", str(logs), "--env", f"PYTHONPATH={lib}", JOB,
                            "--sleep-after-init", "3600")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: initialised(logs, range(2)), "both ranks initialised")
-    seen = job_pids("user-path")
-    rank_env = json.loads((logs / "plan.json").read_text())["ranks"][0]["env"]
-    assert rank_env["PYTHONPATH"].split(os.pathsep)[-1] == str(lib)
-    assert rank_env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("parallel", "_boot"))
-    proc.kill()
-    proc.communicate(timeout=60)
-    wait_for(lambda: not any(alive(p) for p in seen), "ranks to follow their dead launcher", 60)
+    try:
+        try:
+            wait_for(lambda: initialised(logs, range(2)), "both ranks initialised")
+            seen = job_pids("user-path")
+            rank_env = json.loads((logs / "plan.json").read_text())["ranks"][0]["env"]
+        finally:
+            proc.kill()
+            proc.communicate(timeout=60)
+        assert rank_env["PYTHONPATH"].split(os.pathsep)[-1] == str(lib)
+        assert rank_env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("parallel", "_boot"))
+        wait_for(lambda: not any(alive(p) for p in seen), "ranks to follow their dead launcher", 60)
+    finally:
+        for pid in job_pids("user-path"):  # only when the test failed: nothing else is left
+            os.kill(pid, signal.SIGKILL)
