@@ -5,19 +5,23 @@
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
+import difflib
 import os
 import shlex
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import click
 from click.core import ParameterSource
 
-from launcher import __version__
-from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_known_keys,
-                             parse_env_pairs, read_config_file)
+from launcher import __version__, contract
+from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env_name,
+                             check_known_keys, parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from launcher.limits import shown
 from launcher.report import report
 from parallel.config import ParallelConfig
 from rank_tables.cli import rank_table
@@ -126,8 +130,9 @@ def cli() -> None:
 @click.pass_context
 def run_command(ctx: click.Context, **options: Any) -> int:
     """Run SCRIPT once per card and supervise it until the job ends."""
-    config = build_config(ctx, options)
-    return launch(config, os.environ, sys.stdout, sys.stderr)
+    config, origins = build_config(ctx, options)
+    with _pointing_at(origins):
+        return launch(config, os.environ, sys.stdout, sys.stderr)
 
 
 @cli.command("preflight")
@@ -155,11 +160,35 @@ cli.add_command(rank_table)
 cli.add_command(report)
 
 
-def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
-    """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``."""
+def build_config(ctx: click.Context, options: dict[str, Any]
+                 ) -> tuple[LaunchConfig, dict[str, str]]:
+    """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``, and the
+    ``path:line`` of each option whose value came from the file."""
     section: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     if options["config_file"]:
-        options, section = _apply_config_file(ctx, options, options["config_file"])
+        options, section, origins = _apply_config_file(ctx, options, options["config_file"])
+    script = options["script"] or ""
+    if script.startswith("-") and script != "-":
+        _refuse_unknown_option(ctx, script)
+    with _pointing_at(origins):
+        return _launch_config(options, section), origins
+
+
+@contextlib.contextmanager
+def _pointing_at(origins: dict[str, str]) -> Iterator[None]:
+    """An error about an option whose value came from the config file names the file's line
+    (errors name their option first: ``--cards 100: ...``)."""
+    try:
+        yield
+    except ConfigError as e:
+        option = e.message.split(" ", 1)[0].rstrip(":")
+        if option in origins:
+            raise ConfigError(f"{origins[option]}: {e.message}") from None
+        raise
+
+
+def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(
         script=options["script"] or "",
         script_args=tuple(options["script_args"]),
@@ -187,13 +216,31 @@ def build_config(ctx: click.Context, options: dict[str, Any]) -> LaunchConfig:
         launcher=options["launcher_kind"],
         ssh_port=options["ssh_port"],
         ssh_options=tuple(options["ssh_options"]),
-        launcher_args=tuple(shlex.split(options["launcher_args"] or "")),
+        launcher_args=split_words("--launcher-args", options["launcher_args"] or ""),
         preflight=not options["no_preflight"],
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
         max_restarts=options["max_restarts"],
         parallel=_parallel_config(options, section),
     )
+
+
+def split_words(option: str, text: str) -> tuple[str, ...]:
+    """Shell-like words of an option's value (``--launcher-args "--mpi=pmix -t 5"``)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise ConfigError(f"{option} {shown(text)}: {str(e).lower()}") from None
+
+
+def _refuse_unknown_option(ctx: click.Context, word: str) -> None:
+    """Unknown options land in SCRIPT (everything after it is the script's): name them."""
+    name = word.split("=", 1)[0]
+    known = [o for p in ctx.command.params if isinstance(p, click.Option)
+             for o in (*p.opts, *p.secondary_opts)]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"a script of that name goes as ./{name}"
+    raise ConfigError(f"no such option: {shown(name)} ({hint})")
 
 
 _PARALLEL_OPTIONS = {"parallel_mode": "mode", "dp": "dp", "mp": "mp", "pp": "pp",
@@ -210,27 +257,41 @@ def _parallel_config(options: dict[str, Any], section: dict[str, Any]) -> Parall
     return ParallelConfig.from_mapping(values)
 
 
-def _apply_config_file(ctx: click.Context, options: dict[str, Any],
-                       path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Options under the file's values; also the file's ``parallel:`` section, if a mapping."""
+def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str
+                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Options under the file's values; the file's ``parallel:`` section, if a mapping; and
+    ``path:line`` of each option the file set."""
     settings = read_config_file(path)
     section: dict[str, Any] = {}
     if isinstance(settings.get("parallel", FileSetting(None, 0)).value, dict):
-        line = settings["parallel"].line
-        section = settings.pop("parallel").value
-        try:
-            ParallelConfig.from_mapping(section)
-        except ConfigError as e:
-            raise ConfigError(f"{path}:{line}: {e.message}") from None
+        section = _parallel_section(path, settings.pop("parallel"))
     by_key = {_file_key(p): p for p in ctx.command.params if p.name and p.name != "config_file"}
     check_known_keys(path, settings, by_key)
     merged = dict(options)
+    origins = {}
     for key, setting in settings.items():
         param = by_key[key]
+        value = _cast(ctx, param, setting, path, key)  # checked even where a flag wins
         if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None) or \
                 (key in _FILE_ONLY_KEYS and not options[param.name]):
-            merged[param.name] = _cast(ctx, param, setting, path, key)
-    return merged, section
+            merged[param.name] = value
+            origins[f"--{key.replace('_', '-')}"] = f"{path}:{setting.line}"
+    return merged, section, origins
+
+
+def _parallel_section(path: str, setting: FileSetting) -> dict[str, Any]:
+    """Each key checked alone first, so an error points at its line, then all together."""
+    section = setting.value
+    for key, value in section.items():
+        try:
+            ParallelConfig.from_mapping({key: value})
+        except ConfigError as e:
+            raise ConfigError(f"{path}:{setting.line_of(key)}: {e.message}") from None
+    try:
+        ParallelConfig.from_mapping(section)
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{setting.line}: {e.message}") from None
+    return section
 
 
 def _file_key(param: click.Parameter) -> str:
@@ -242,31 +303,102 @@ def _file_key(param: click.Parameter) -> str:
 
 def _cast(ctx: click.Context, param: click.Parameter, setting: FileSetting, path: str,
           key: str) -> Any:
-    value = setting.value
-    if key == "env" and isinstance(value, dict):
-        value = [f"{k}={v}" for k, v in value.items()]
-    if param.multiple or param.nargs == -1:
-        value = value if isinstance(value, list) else [value]
-        value = [str(v) for v in value] if key in ("env", "script_args") else value
-    elif isinstance(param.type, click.types.StringParamType) and value is not None:
-        value = str(value)
+    """A file's value as the option would take it; a value of the wrong YAML type (a list
+    for ``cards``, ``true`` or ``2.7`` for a count) is refused, naming ``path:line``."""
+    value = _file_value(param, setting, path, key)
     try:
-        return param.type_cast_value(ctx, value)
+        result = param.type_cast_value(ctx, value)
+        if key == "console":
+            ConsoleFilter.parse(result)
+        return result
     except click.BadParameter as e:
         raise ConfigError(f"{path}:{setting.line}: {key}: {e.message}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{setting.line}: {e.message}") from None
+
+
+_SCALARS = (str, int, float, datetime.date)
+
+
+def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: str) -> Any:
+    value, where = setting.value, f"{path}:{setting.line}: {key}"
+    if value is None:
+        raise ConfigError(f"{where}: no value (leave the key out for the default)")
+    if param.name == "env_pairs" and isinstance(value, dict):
+        return [_env_pair(str(k), v, path, setting.line_of(k))
+                for k, v in value.items()]
+    if param.multiple or param.nargs == -1:
+        items = value if isinstance(value, list) else [value]
+        return [str(_scalar(v, where)) for v in items]
+    if isinstance(param, click.Option) and param.is_flag:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {shown(value)}")
+        return value
+    if isinstance(param.type, click.types.IntParamType) and not _is_int(value):
+        raise ConfigError(f"{where}: expected a whole number, got {shown(value)}")
+    if isinstance(param.type, click.types.FloatParamType) and not _is_number(value):
+        raise ConfigError(f"{where}: expected a number of seconds, got {shown(value)}")
+    if isinstance(param.type, (click.Choice, click.types.StringParamType)):
+        return str(_scalar(value, where))
+    return value
+
+
+def _env_pair(key: str, value: Any, path: str, line: int) -> str:
+    where = f"{path}:{line}: env.{key}"
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: {value} is a YAML boolean; quote it if you mean the text")
+    check = _scalar(value, where)
+    try:
+        check_env_name(key)
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{line}: {e.message}") from None
+    return f"{key}={check}"
+
+
+def _scalar(value: Any, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, _SCALARS):
+        raise ConfigError(f"{where}: expected a single value, got {shown(value)}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Entry point: every error is one line on stderr; exit code 2 for bad input."""
+    """Entry point, and the one place errors become exits: bad input is one line and exit 2;
+    an exception of any other kind is a bug in npu-launch, said in one line with exit 1."""
     try:
         code = cli.main(args=list(argv) if argv is not None else None, prog_name="npu-launch",
                         standalone_mode=False)
     except click.ClickException as e:
-        click.echo(f"npu-launch: error: {e.format_message()}", err=True)
+        click.echo(f"npu-launch: error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence, and it says so
+        if os.environ.get(contract.TRACEBACK):
+            raise
+        click.echo(f"npu-launch: internal error: {type(e).__name__}: {one_line(str(e))} (a bug "
+                   f"in npu-launch; {contract.TRACEBACK}=1 shows where)", err=True)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_MESSAGE_CHARS = 500
+
+
+def one_line(message: str) -> str:
+    """A message as one bounded line: control characters escaped, the middle cut if long."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message.strip())
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    half = _MESSAGE_CHARS // 2
+    return f"{text[:half]} ...({len(text) - 2 * half} chars)... {text[-half:]}"
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from launcher import contract
+from launcher import contract, limits
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
+from launcher.limits import shown
 from parallel.config import ParallelConfig
 
 
@@ -31,11 +32,18 @@ class ConsoleFilter:
             return cls(None)
         if text == "none":
             return cls(frozenset())
-        try:
-            return cls(frozenset(int(part) for part in text.split(",")))
-        except ValueError:
-            raise ConfigError(f"--console {text}: expected 'all', 'none' or ranks like 0,3") \
-                from None
+        ranks = [limits.whole_number(part.strip()) for part in text.split(",")]
+        if None in ranks:
+            raise ConfigError(f"--console {text[:limits.MAX_SHOWN]}: expected 'all', 'none' or ranks like "
+                              "0,3")
+        return cls(frozenset(ranks))  # type: ignore[arg-type]
+
+    def check_world(self, world_size: int) -> None:
+        """Refuse ranks the job does not have (a filter that would show nothing by accident)."""
+        missing = sorted(r for r in self.ranks or () if r >= world_size)
+        if missing:
+            raise ConfigError(f"--console {self}: the job has ranks 0-{world_size - 1}, "
+                              f"not {','.join(map(str, missing))}")
 
     def shows(self, rank: Optional[int]) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -84,32 +92,82 @@ class LaunchConfig:
     parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
-        if not self.script:
-            raise ConfigError("no script given: npu-launch [OPTIONS] SCRIPT [ARGS]...")
-        if not os.path.isfile(os.path.join(self.workdir, self.script)):
-            raise ConfigError(f"script {self.script}: no such file")
-        if self.cards is not None and self.cards < 1:
-            raise ConfigError(f"--cards {self.cards}: must be at least 1")
-        if self.debug and self.cards not in (None, 1):
-            raise ConfigError(f"--debug runs one card; got --cards {self.cards}")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise ConfigError(f"--master-port {self.master_port}: not a TCP port")
-        if self.kill_timeout < 0:
-            raise ConfigError(f"--kill-timeout {self.kill_timeout}: must not be negative")
-        if self.startup_timeout < 0:
-            raise ConfigError(f"--startup-timeout {self.startup_timeout}: must not be negative")
-        if self.hang_timeout < 0:
-            raise ConfigError(f"--hang-timeout {self.hang_timeout}: must not be negative")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts {self.max_restarts}: must not be negative")
-        if self.json and not self.dry_run:
-            raise ConfigError("--json goes with --dry-run")
-        if self.nnodes is not None and self.nnodes < 1:
-            raise ConfigError(f"--nnodes {self.nnodes}: must be at least 1")
+        self._check_script()
+        self._check_numbers()
+        self._check_names()
+        self._check_combinations()
         if self.node_rank is not None:
             self._check_manual_node()
-        for key, _ in self.env:
-            _check_env_name(key)
+        for key, value in self.env:
+            check_env_name(key)
+            _check_text(f"--env {key}", value)
+        for arg in self.script_args:
+            _check_text("a script argument", arg)
+
+    def _check_script(self) -> None:
+        if not self.script:
+            raise ConfigError("no script given: npu-launch [OPTIONS] SCRIPT [ARGS]...")
+        _check_text("script", self.script)
+        path = os.path.join(self.workdir, self.script)
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "__main__.py")):
+            raise ConfigError(f"script {shown(self.script)}: a directory without __main__.py")
+        if not os.path.exists(path):
+            raise ConfigError(f"script {shown(self.script)}: no such file")
+
+    def _check_numbers(self) -> None:
+        _check_range("--cards", self.cards, 1, limits.MAX_RANKS_PER_NODE,
+                     "ranks on one node")
+        _check_range("--nnodes", self.nnodes, 1, limits.MAX_NODES, "nodes")
+        _check_range("--node-rank", self.node_rank, 0, limits.MAX_NODES - 1, "node index")
+        _check_range("--master-port", self.master_port, 1, 65535, "TCP port")
+        _check_range("--ssh-port", self.ssh_port, 1, 65535, "TCP port")
+        _check_range("--max-restarts", self.max_restarts, 0, limits.MAX_RESTARTS, "restarts")
+        for option, seconds in (("--kill-timeout", self.kill_timeout),
+                                ("--startup-timeout", self.startup_timeout),
+                                ("--hang-timeout", self.hang_timeout)):
+            if not 0 <= seconds <= limits.MAX_TIMEOUT:  # also refuses nan
+                raise ConfigError(f"{option} {seconds}: expected seconds between 0 and "
+                                  f"{limits.MAX_TIMEOUT:.0f} (a week)")
+
+    def _check_names(self) -> None:
+        if self.job_id is not None and not (_JOB_ID.fullmatch(self.job_id)
+                                            and ".." not in self.job_id):
+            raise ConfigError(f"--job-id {shown(self.job_id)}: expected up to 128 letters, "
+                              "digits, '.', '_', '-' (it names a folder under the log root)")
+        for option, value in (("--master-addr", self.master_addr),
+                              ("--server-id", self.server_id)):
+            if value is not None and not _ADDRESS.fullmatch(value):
+                raise ConfigError(f"{option} {shown(value)}: expected a host name or an IP "
+                                  "address")
+        for option, value in (("--log-dir", self.log_dir), ("--hostfile", self.hostfile),
+                              ("--rank-table", self.rank_table)):
+            if value is not None:
+                _check_text(option, value)
+                if not value:
+                    raise ConfigError(f"{option}: empty path")
+
+    def _check_combinations(self) -> None:
+        """Options that would be ignored are refused, so a job never runs other than asked."""
+        if self.json and not self.dry_run:
+            raise ConfigError("--json goes with --dry-run")
+        if self.debug and self.cards not in (None, 1):
+            raise ConfigError(f"--debug runs one card; got --cards {self.cards}")
+        for option, value in (("--hostfile", self.hostfile), ("--nnodes", self.nnodes),
+                              ("--node-rank", self.node_rank),
+                              ("--max-restarts", self.max_restarts or None)):
+            if self.debug and value is not None:
+                raise ConfigError(f"--debug runs one card on this host; it goes without "
+                                  f"{option}")
+        if self.rank_table and self.hostfile:
+            raise ConfigError("--rank-table goes without --hostfile: in rank-table mode start "
+                              "npu-launch on each server of the table (--server-id picks its "
+                              "share)")
+        if self.hostfile and self.launcher == "local":
+            raise ConfigError("--launcher local runs on this host only; it goes without "
+                              "--hostfile")
+        for option, value in (("--include", self.include), ("--exclude", self.exclude)):
+            if value is not None and not self.hostfile:
+                raise ConfigError(f"{option} filters the hosts of a --hostfile; none given")
 
     def _check_manual_node(self) -> None:
         """``--node-rank`` starts this node's share of a job started by hand on every node."""
@@ -123,12 +181,25 @@ class LaunchConfig:
                               "--master-port")
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ADDRESS = re.compile(r"[A-Za-z0-9_:.%\[\]-]{1,253}")
 
 
-def _check_env_name(key: str) -> None:
-    if not _ENV_NAME.fullmatch(key):
-        raise ConfigError(f"--env {key[:80]!r}: not a variable name (letters, digits, _; "
+def _check_range(option: str, value: Optional[int], low: int, high: int, what: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{option} {value}: expected {low}-{high} ({what})")
+
+
+def _check_text(what: str, value: str) -> None:
+    """A NUL byte cannot reach a process (argv and environment are C strings)."""
+    if "\0" in value:
+        raise ConfigError(f"{what} {shown(value)}: contains a NUL byte")
+
+
+def check_env_name(key: str) -> None:
+    """Refuse what is not a variable name, and the variables npu-launch sets itself."""
+    if not limits.ENV_NAME.fullmatch(key):
+        raise ConfigError(f"--env {shown(key)}: not a variable name (letters, digits, _; "
                           "not starting with a digit)")
     owner = contract.owner_of(key)
     if owner:
@@ -152,6 +223,11 @@ class FileSetting:
 
     value: Any
     line: int
+    key_lines: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """For a mapping value: the line of each of its keys."""
+
+    def line_of(self, key: Any) -> int:
+        return self.key_lines.get(str(key), self.line)
 
 
 def read_config_file(path: str) -> dict[str, FileSetting]:
@@ -159,7 +235,7 @@ def read_config_file(path: str) -> dict[str, FileSetting]:
 
     Keys may use ``-`` or ``_``; they come back with ``_``. Errors name ``path:line``.
     """
-    text = _read_bounded(path)
+    text = limits.read_bounded_text(path, "--config")
     try:
         _refuse_aliases(path, text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -174,45 +250,56 @@ def read_config_file(path: str) -> dict[str, FileSetting]:
     return _settings_from_mapping(path, node)
 
 
-CONFIG_MAX_BYTES = 1 << 20
-
-
-def _read_bounded(path: str) -> str:
-    """The file's text, refused past ``CONFIG_MAX_BYTES`` (``/dev/zero`` is a file too)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(CONFIG_MAX_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"--config {path}: {e.strerror}") from None
-    if len(data) > CONFIG_MAX_BYTES:
-        raise ConfigError(f"--config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB; a job "
-                          "config is a page of options")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
-
-
 def _refuse_aliases(path: str, text: str) -> None:
     """A job config has no use for YAML aliases, and an alias bomb ("billion laughs") expands
-    to gigabytes: refuse every alias, before anything is built from the document."""
+    to gigabytes: refuse every alias, before anything is built from the document. Nesting is
+    bounded too (building a node 100,000 deep overflows the stack)."""
+    depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
             raise ConfigError(f"{path}:{event.start_mark.line + 1}: YAML alias *{event.anchor} "
                               "(aliases are not allowed in a job config; write the value out)")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > limits.MAX_JSON_DEPTH:
+                raise ConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than "
+                                  f"{limits.MAX_JSON_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _settings_from_mapping(path: str, node: yaml.MappingNode) -> dict[str, FileSetting]:
-    loader = yaml.SafeLoader("")
     settings: dict[str, FileSetting] = {}
     for key_node, value_node in node.value:
-        key = str(key_node.value).replace("-", "_")
         line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"{path}:{line}: expected an option name as the key")
+        key = str(key_node.value).replace("-", "_")
         if key in settings:
-            raise ConfigError(f"{path}:{line}: {key_node.value} given twice")
-        settings[key] = FileSetting(loader.construct_object(value_node, deep=True), line)
+            raise ConfigError(f"{path}:{line}: {shown(key_node.value)} given twice")
+        settings[key] = FileSetting(_construct(path, key, value_node), line,
+                                    _key_lines(value_node))
     return settings
+
+
+def _construct(path: str, key: str, node: yaml.Node) -> Any:
+    """The Python value of one setting: only what ``SafeLoader`` builds (no ``!!python/``)."""
+    try:
+        return yaml.SafeLoader("").construct_object(node, deep=True)
+    except yaml.MarkedYAMLError as e:
+        line = (e.problem_mark or node.start_mark).line + 1
+        raise ConfigError(f"{path}:{line}: {key}: {e.problem or e.context}") from None
+    except (ValueError, TypeError, OverflowError) as e:  # e.g. ``!!int abc``
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: {key}: not a valid "
+                          f"{node.tag.rsplit(':', 1)[-1]} ({shown(str(e))})") from None
+
+
+def _key_lines(node: yaml.Node) -> dict[str, int]:
+    """The line of each key of a mapping value (``env:``, ``parallel:``), for messages."""
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value
+            if isinstance(k, yaml.ScalarNode)}
 
 
 def check_known_keys(path: str, settings: Mapping[str, FileSetting],

@@ -57,6 +57,8 @@ TOKEN = "NPU_LAUNCH_TOKEN"
 never by the user-visible job id or by command name, so no launch signals a process it did not
 start."""
 LOG_DIR = "NPU_LAUNCH_LOG_DIR"
+TRACEBACK = "NPU_LAUNCH_TRACEBACK"
+"""Set by a user (not the launcher) to see the traceback of an npu-launch bug; read by the CLI."""
 EVENTS_FILE = "NPU_LAUNCH_EVENTS_FILE"
 """JSON lines appended by the rank: ``{"event": ..., "rank": ..., "time": ...}``."""
 ERROR_FILE = "NPU_LAUNCH_ERROR_FILE"

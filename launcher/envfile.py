@@ -11,6 +11,7 @@ from typing import Mapping
 
 from launcher import contract
 from launcher.errors import ConfigError
+from launcher.limits import read_bounded_text, shown, ENV_NAME
 
 FORWARDED_PREFIXES = ("MS_", "HCCL_", "ASCEND_", "PYTHON", contract.PREFIX, "GLOG_", "OMP_",
                       "LD_LIBRARY_PATH")
@@ -39,14 +40,12 @@ def env_file_path(workdir: str) -> str:
 def read_env_file(path: str) -> dict[str, str]:
     """``KEY=VALUE`` per line; the value is kept as written, spaces and quotes included."""
     env = {}
-    with open(path) as f:
-        for number, raw in enumerate(f, 1):
-            line = raw.rstrip("\n")
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            key = key.strip()
-            if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
-                raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {line.strip()!r}")
-            env[key] = value
+    for number, line in enumerate(read_bounded_text(path, "env file").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not ENV_NAME.fullmatch(key) or "\0" in value:
+            raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {shown(line.strip())}")
+        env[key] = value
     return env

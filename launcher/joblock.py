@@ -16,6 +16,23 @@ from launcher.errors import ConfigError
 LOCK_NAME = ".npu_launch.lock"
 
 
+def check_log_dir(log_dir: str) -> None:
+    """Refuse, before anything starts or is created, a log directory that cannot be made or
+    written: one that is a file, lies under a file, or whose nearest existing folder is
+    read-only or not ours to write."""
+    existing = log_dir
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    where = f"log directory {log_dir}"
+    if not os.path.isdir(existing):
+        what = "is a file" if existing == log_dir else f"lies under {existing}, a file"
+        raise ConfigError(f"{where}: {what}, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        raise ConfigError(f"{where}: {existing} {why}")
+
+
 class LogDirLock:
     """Holds ``log_dir``'s lock from :meth:`acquire` until :meth:`release` (or process exit)."""
 
@@ -30,7 +47,8 @@ class LogDirLock:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise ConfigError(f"--log-dir {os.path.dirname(self.path)}: {exc.strerror}") from None
+            raise ConfigError(f"log directory {os.path.dirname(self.path)}: {exc.strerror}") \
+                from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import io
 import os
 import secrets
 import socket
@@ -30,7 +31,7 @@ from launcher.events import prepare_dirs
 from launcher.failures import Outcome
 from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
-from launcher.joblock import LogDirLock
+from launcher.joblock import LogDirLock, check_log_dir
 from launcher.output import Console
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import render, run_preflight
@@ -175,10 +176,32 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO,
              restart: int = 0) -> Job:
     """Everything that must be true before a process starts is checked here."""
     kind = choose_kind(LauncherKind(config.launcher), environ, bool(config.hostfile))
+    _check_for_kind(config, kind)
     environ = {**environ, contract.RESTART: str(restart)} if restart else environ
+    notes = io.StringIO()  # said only once the job is known to be good: an error is one line
     if kind is LauncherKind.LOCAL:
-        return _local_job(config, environ, err)
-    return _cluster_job(config, kind, environ, err)
+        job = _local_job(config, environ, notes)
+    else:
+        job = _cluster_job(config, kind, environ, err)
+    check_log_dir(job.plan.log_dir)
+    err.write(notes.getvalue())
+    return job
+
+
+def _check_for_kind(config: LaunchConfig, kind: LauncherKind) -> None:
+    """Options the chosen way of starting nodes would ignore are refused."""
+    if config.launcher_args and kind not in (LauncherKind.SLURM, LauncherKind.MPI):
+        raise ConfigError(f"--launcher-args are for srun or mpirun; this job starts "
+                          f"{'over ssh' if kind is LauncherKind.SSH else 'on this host'}")
+    if (config.ssh_port is not None or config.ssh_options) and \
+            kind in (LauncherKind.LOCAL, LauncherKind.SLURM):
+        raise ConfigError(f"--ssh-port/--ssh-option: this job starts "
+                          f"{'with srun' if kind is LauncherKind.SLURM else 'on this host'}, "
+                          "not over ssh")
+    if kind is LauncherKind.LOCAL and (config.nnodes or 1) > 1 and config.node_rank is None:
+        raise ConfigError(f"--nnodes {config.nnodes} without --hostfile: a job started by hand "
+                          "needs --node-rank, --master-addr and --master-port on every node "
+                          "(or give a --hostfile)")
 
 
 def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
@@ -283,6 +306,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
           device: DeviceKind, master_addr: str, port: int, extra: Mapping[str, str],
           table: Optional[TableLayout] = None, agents: bool = False) -> LaunchPlan:
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
+    config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json(),
              contract.RESTART: environ.get(contract.RESTART, "0")}

@@ -25,6 +25,7 @@ import json
 from typing import Any, Mapping, Optional
 
 from launcher.errors import ConfigError
+from launcher.limits import shown
 
 
 class ParallelMode(str, enum.Enum):
@@ -191,14 +192,20 @@ def _enum(kind: type, value: Any, name: str) -> Any:
         raise ConfigError(f"parallel.{name}: {value!r} is not one of {choices}") from None
 
 
+_MAX_SEED = 2**32 - 1  # numpy's and MindSpore's seeds are 32-bit
+_MAX_SIZE = 2**31 - 1
+
+
 def _check_int(name: str, value: Any, optional: bool) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"parallel.{name}: expected an integer, got {value!r}")
-    if value < (0 if name == "seed" else 1):
-        raise ConfigError(f"parallel.{name}: must be {'>= 0' if name == 'seed' else '>= 1'}, "
-                          f"got {value}")
+    low, high = (0, _MAX_SEED) if name == "seed" else (1, _MAX_SIZE)
+    if value < low:
+        raise ConfigError(f"parallel.{name}: must be >= {low}, got {value}")
+    if value > high:
+        raise ConfigError(f"parallel.{name}: must be at most {high}, got {shown(value)}")
 
 
 def _check_bool(name: str, value: Any) -> None:

@@ -47,6 +47,16 @@ def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = N
                           text=True, timeout=timeout)
 
 
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit 2 and one line ``npu-launch: error: ...`` holding every needle: the bad-input rule."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("npu-launch: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
 def checksums(stdout: str) -> dict[str, str]:
     """``{"[host:rank]": checksum}`` from the ``checksum`` lines the rank scripts print."""
     return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()

@@ -8,18 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, fake_devfs, run_launcher
+from helpers import RANK_SCRIPTS, assert_one_line_error, fake_devfs, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
-
-
-def _one_line_error(result, *needles: str) -> None:
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("npu-launch: error: ")
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -39,7 +30,7 @@ def _one_line_error(result, *needles: str) -> None:
 ])
 def test_bad_options_are_one_line_exit_2(weird_tmp: Path, args, needles) -> None:
     result = run_launcher(*args, "--log-dir", str(weird_tmp / "logs"), cwd=weird_tmp)
-    _one_line_error(result, *needles)
+    assert_one_line_error(result, *needles)
     assert not (weird_tmp / "logs").exists(), "a refused launch must not create its log dir"
 
 
@@ -50,7 +41,7 @@ def test_master_port_in_use(weird_tmp: Path) -> None:
         port = busy.getsockname()[1]
         result = run_launcher("--device", "cpu", "--cards", "2", "--master-port", str(port),
                               "--log-dir", str(weird_tmp / "logs"), SCRIPT)
-    _one_line_error(result, f"--master-port {port}", "already in use")
+    assert_one_line_error(result, f"--master-port {port}", "already in use")
     assert not (weird_tmp / "logs").exists()
 
 
@@ -58,10 +49,10 @@ def test_more_cards_than_devices(weird_tmp: Path) -> None:
     devfs = fake_devfs(weird_tmp / "dev", (0, 1, 10, 11))  # two-digit ids too
     env = {**os.environ, "NPU_LAUNCH_DEVFS": str(devfs)}
     result = run_launcher("--device", "npu", "--cards", "5", SCRIPT, env=env)
-    _one_line_error(result, "--cards 5", "4 Ascend card(s) (0,1,10,11)")
+    assert_one_line_error(result, "--cards 5", "4 Ascend card(s) (0,1,10,11)")
     env["ASCEND_RT_VISIBLE_DEVICES"] = "1,10"
     result = run_launcher("--device", "npu", "--cards", "3", SCRIPT, env=env)
-    _one_line_error(result, "--cards 3", "2 Ascend card(s) (1,10)")
+    assert_one_line_error(result, "--cards 3", "2 Ascend card(s) (1,10)")
     result = run_launcher("--device", "auto", "--dry-run", "--json", SCRIPT, env=env)
     plan = json.loads(result.stdout)
     assert "found 2 Ascend card(s)" in result.stderr
@@ -78,7 +69,7 @@ def test_a_bad_config_file_names_its_line(weird_tmp: Path, text: str, line: int,
     cfg = weird_tmp / "job.yaml"
     cfg.write_text(text)
     result = run_launcher("--config", str(cfg), "--log-dir", str(weird_tmp / "logs"), SCRIPT)
-    _one_line_error(result, f"{cfg}:{line}:", words)
+    assert_one_line_error(result, f"{cfg}:{line}:", words)
     assert not (weird_tmp / "logs").exists()
 
 
@@ -98,13 +89,13 @@ def test_a_hostile_config_file_is_refused_at_once(weird_tmp: Path, content: byte
     cfg.write_bytes(content)
     result = run_launcher("--config", str(cfg), "--log-dir", str(weird_tmp / "logs"), SCRIPT,
                           timeout=60)
-    _one_line_error(result, str(cfg), words)
+    assert_one_line_error(result, str(cfg), words)
     assert not (weird_tmp / "logs").exists()
 
 
 def test_config_from_dev_zero_is_refused() -> None:
     result = run_launcher("--config", "/dev/zero", SCRIPT, timeout=60)
-    _one_line_error(result, "--config /dev/zero: larger than 1024 KiB")
+    assert_one_line_error(result, "--config /dev/zero: larger than 1024 KiB")
 
 
 def test_config_file_values_and_flags_win(weird_tmp: Path) -> None:
@@ -138,11 +129,11 @@ def test_dry_run_prints_plan_and_starts_nothing(weird_tmp: Path) -> None:
 def test_parallel_layout_is_checked_before_anything_starts(weird_tmp: Path) -> None:
     result = run_launcher("--device", "cpu", "--cards", "4", "--dp", "3", "--log-dir",
                           str(weird_tmp / "logs"), SCRIPT)
-    _one_line_error(result, "dp*mp*pp = 3*1*1 = 3 != world size 4")
+    assert_one_line_error(result, "dp*mp*pp = 3*1*1 = 3 != world size 4")
     assert not (weird_tmp / "logs").exists()
     result = run_launcher("--device", "cpu", "--cards", "4", "--parallel", "semi", "--pp", "2",
                           "--micro-batches", "1", "--log-dir", str(weird_tmp / "logs"), SCRIPT)
-    _one_line_error(result, "micro_batches 1 < pp 2")
+    assert_one_line_error(result, "micro_batches 1 < pp 2")
     assert not (weird_tmp / "logs").exists()
 
 
@@ -154,5 +145,5 @@ def test_parallel_section_of_config_file_and_flags_over_it(weird_tmp: Path) -> N
     parallel = json.loads(json.loads(result.stdout)["ranks"][0]["env"]["NPU_LAUNCH_PARALLEL"])
     assert (parallel["mode"], parallel["dp"], parallel["mp"], parallel["seed"]) == ("semi", 2, 2, 9)
     cfg.write_text("device: cpu\ncards: 2\nparallel:\n  mode: data\n  shards: 2\n")
-    _one_line_error(run_launcher("--config", str(cfg), SCRIPT), f"{cfg}:3: parallel: unknown key "
+    assert_one_line_error(run_launcher("--config", str(cfg), SCRIPT), f"{cfg}:5: parallel: unknown key "
                     "'shards'")

@@ -1,0 +1,69 @@
+"""The bounds on what npu-launch accepts, and the helpers that apply them.
+
+Every input a user (or a hostile file) can make large has a bound here, so a typo or a
+``/dev/zero`` gets one line instead of an allocation without end. The README's "How a job
+ends" table lists them; keep the two in step.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from launcher.errors import ConfigError
+
+MAX_RANKS_PER_NODE = 64
+"""``--cards`` and hostfile ``slots``: an Ascend server holds 8 or 16 cards; CPU ranks on one
+host past this are a typo, not a job."""
+MAX_NODES = 1024
+"""Hosts in a hostfile, Slurm allocation or ``--nnodes``."""
+MAX_DEVICE_ID = 15
+"""Physical card ids: ``/dev/davinci0`` .. ``/dev/davinci15``."""
+MAX_FILE_BYTES = 1 << 20
+"""A hostfile, job config or env file: a page of text."""
+MAX_RANK_TABLE_BYTES = 16 << 20
+"""An HCCL rank table: about 150 bytes per device, so room for tens of thousands of cards."""
+MAX_JSON_DEPTH = 32
+"""Nesting of a rank table or summary; the real formats need 6."""
+MAX_TIMEOUT = 7 * 24 * 3600.0
+"""Seconds: the longest timeout that is not a typo (a week)."""
+MAX_RESTARTS = 1000
+MAX_SHOWN = 80
+"""Characters of a user's value echoed in an error message."""
+
+_WHOLE = re.compile(r"[0-9]{1,12}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""An environment variable a user may name: ASCII, as POSIX shells accept."""
+
+
+def shown(value: object) -> str:
+    """``repr`` of a value for an error message, cut to ``MAX_SHOWN`` characters."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}...({len(text)} chars)"
+
+
+def whole_number(text: str) -> Optional[int]:
+    """``text`` as a non-negative integer written in ASCII digits, else None.
+
+    ``str.isdigit`` accepts ``'²'`` and ``int`` accepts ``'١٢'`` and 4,300 digits; neither is
+    a number a user means here.
+    """
+    return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of ``path``, refused past ``limit`` bytes (``/dev/zero`` is a file too)
+    or when it is no text; errors name ``what`` and the path, or ``path:line``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise ConfigError(f"{what} {path!r}: not a path") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path}: larger than {limit // 1024} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None

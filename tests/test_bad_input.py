@@ -1,0 +1,184 @@
+"""Bad input of every class issue 10 found: one line naming the problem, exit 2, nothing started
+and no log directory made. Each case runs the real CLI; none of them reaches a rank."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
+
+SCRIPT = str(RANK_SCRIPTS / "chatty.py")
+CPU = ("--device", "cpu")
+
+
+def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
+    logs = tmp / "logs"
+    result = run_launcher(*args, "--log-dir", str(logs), cwd=tmp) if "--log-dir" not in args \
+        else run_launcher(*args, cwd=tmp)
+    assert_one_line_error(result, *needles)
+    assert "Traceback" not in result.stderr
+    assert not logs.exists() and not (tmp / "npu_launch_logs").exists()
+
+
+@pytest.mark.parametrize("args, needles", [
+    # numbers: bounds said in the message
+    ([*CPU, "--cards", "10000", SCRIPT], ["--cards 10000", "1-64"]),
+    ([*CPU, "--cards", "9" * 30, SCRIPT], ["--cards", "1-64"]),
+    ([*CPU, "--cards", "9" * 5000, SCRIPT], ["--cards", "not a valid integer"]),
+    ([*CPU, "--nnodes", "5000", SCRIPT], ["--nnodes 5000", "1-1024"]),
+    ([*CPU, "--max-restarts", "99999999", SCRIPT], ["--max-restarts", "0-1000"]),
+    ([*CPU, "--seed", "9" * 25, SCRIPT], ["parallel.seed", "at most 4294967295"]),
+    ([*CPU, "--kill-timeout", "nan", SCRIPT], ["--kill-timeout nan", "between 0 and"]),
+    ([*CPU, "--startup-timeout", "inf", SCRIPT], ["--startup-timeout inf"]),
+    ([*CPU, "--hang-timeout", "1e308", SCRIPT], ["--hang-timeout"]),
+    ([*CPU, "--ssh-port", "-1", SCRIPT], ["--ssh-port -1", "1-65535"]),
+    ([*CPU, "--master-port", "70000", SCRIPT], ["--master-port 70000", "1-65535"]),
+    # silently ignored combinations, now refused
+    ([*CPU, "--console", "99", "--cards", "2", SCRIPT], ["--console 99", "ranks 0-1"]),
+    ([*CPU, "--console", "-1", SCRIPT], ["--console -1"]),
+    ([*CPU, "--nnodes", "2", SCRIPT], ["--nnodes 2 without --hostfile", "--node-rank"]),
+    ([*CPU, "--include", "node1", SCRIPT], ["--include", "--hostfile"]),
+    ([*CPU, "--exclude", "node1:0", SCRIPT], ["--exclude", "--hostfile"]),
+    ([*CPU, "--launcher-args", "-t 5", SCRIPT], ["--launcher-args", "srun or mpirun"]),
+    ([*CPU, "--ssh-option", "-v", SCRIPT], ["--ssh-option", "not over ssh"]),
+    ([*CPU, "--debug", "--max-restarts", "2", SCRIPT], ["--debug", "--max-restarts"]),
+    ([*CPU, "--debug", "--nnodes", "2", SCRIPT], ["--debug", "--nnodes"]),
+    # names that would reach the file system or a process
+    ([*CPU, "--job-id", "a/b", SCRIPT], ["--job-id 'a/b'"]),
+    ([*CPU, "--job-id", "..", SCRIPT], ["--job-id '..'"]),
+    ([*CPU, "--job-id", "/tmp/elsewhere", SCRIPT], ["--job-id '/tmp/elsewhere'"]),
+    ([*CPU, "--job-id", "a\nb", SCRIPT], ["--job-id 'a\\nb'"]),
+    ([*CPU, "--job-id", "x" * 100_000, SCRIPT], ["--job-id", "chars"]),
+    ([*CPU, "--master-addr", "a b;c", SCRIPT], ["--master-addr", "host name or an IP"]),
+    ([*CPU, "--launcher-args", "'unbalanced", SCRIPT], ["--launcher-args", "no closing quotation"]),
+    # messages that say what is wrong
+    ([*CPU, "--card", "2", SCRIPT], ["no such option: '--card' (did you mean --cards?)"]),
+    ([*CPU, "--hang-timout", "2", SCRIPT], ["did you mean --hang-timeout?"]),
+    ([*CPU, "-x.py"], ["no such option: '-x.py'", "./-x.py"]),
+    ([*CPU, str(RANK_SCRIPTS)], ["a directory without __main__.py"]),
+])
+def test_bad_option_is_one_line(tmp_path: Path, args, needles) -> None:
+    _refused(tmp_path, *args, needles=tuple(needles))
+
+
+def test_a_message_is_bounded_and_one_line(tmp_path: Path) -> None:
+    result = run_launcher(*CPU, "--console", "x\n" * 60_000, SCRIPT, cwd=tmp_path)
+    assert_one_line_error(result, "--console")
+    assert len(result.stderr) < 600
+
+
+def test_an_unexpected_exception_is_one_line_with_exit_1(tmp_path: Path) -> None:
+    """The funnel's last line of defence: a bug is said in one line, and the variable it names
+    shows the traceback."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    (tmp_path / "sitecustomize.py").write_text(
+        "import launcher.launch\n"
+        "def broken(*a, **k):\n    raise KeyError('planted')\n"
+        "launcher.launch.make_job = broken\n")
+    result = run_launcher(*CPU, "--dry-run", SCRIPT, cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "npu-launch: internal error: KeyError: 'planted' (a bug in npu-launch; "
+        "NPU_LAUNCH_TRACEBACK=1 shows where)"]
+    shown = run_launcher(*CPU, "--dry-run", SCRIPT, cwd=tmp_path,
+                         env={**env, "NPU_LAUNCH_TRACEBACK": "1"})
+    assert "Traceback" in shown.stderr and "planted" in shown.stderr
+
+
+class TestLogDirectory:
+    def test_a_file(self, tmp_path: Path) -> None:
+        (tmp_path / "f").write_text("x")
+        _refused(tmp_path, *CPU, "--log-dir", str(tmp_path / "f"), SCRIPT,
+                 needles=("is a file, not a folder",))
+
+    def test_under_a_file(self, tmp_path: Path) -> None:
+        (tmp_path / "f").write_text("x")
+        _refused(tmp_path, *CPU, "--log-dir", str(tmp_path / "f" / "job"), SCRIPT,
+                 needles=(f"lies under {tmp_path / 'f'}, a file",))
+
+    def test_dry_run_checks_it_too(self, tmp_path: Path) -> None:
+        (tmp_path / "f").write_text("x")
+        _refused(tmp_path, *CPU, "--dry-run", "--log-dir", str(tmp_path / "f" / "j"), SCRIPT)
+
+    def test_read_only_file_system(self, tmp_path: Path) -> None:
+        """A real read-only mount (root on this machine; a user's NFS export elsewhere)."""
+        target = tmp_path / "ro"
+        target.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(target), str(target)]
+                                               ).returncode != 0:
+            pytest.skip("needs root to make a read-only bind mount")
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True)
+            _refused(tmp_path, *CPU, "--log-dir", str(target / "job"), SCRIPT,
+                     needles=("read-only file system",))
+        finally:
+            subprocess.run(["umount", str(target)], check=False)
+
+
+class TestConfigFile:
+    @pytest.mark.parametrize("text, needles", [
+        ("cards: [1, 2]\n", [":1: cards: expected a whole number, got [1, 2]"]),
+        ("cards: {a: 1}\n", [":1: cards: expected a whole number"]),
+        ("cards: true\n", [":1: cards: expected a whole number, got True"]),
+        ("cards: 2.7\n", [":1: cards: expected a whole number, got 2.7"]),
+        ("cards:\n", [":1: cards: no value"]),
+        ("cards: !!int abc\n", [":1: cards: not a valid int"]),
+        ("cards: !!python/object/apply:os.system [touch PWNED]\n", [":1: cards:", "constructor"]),
+        (f"cards: {'9' * 5000}\n", [":1: cards:"]),
+        ("kill-timeout: [1]\n", [":1: kill_timeout: expected a number"]),
+        ("dry-run: 1\n", [":1: dry_run: expected true or false"]),
+        ("device: [cpu]\n", [":1: device: expected a single value"]),
+        ("cards: 1\nconsole: [1, 2]\n", [":2: console: expected a single value"]),
+        ("cards: 1\nconsole: 5\n", [":2: --console 5: the job has ranks 0-0"]),
+        ("cards: 1\nenv:\n  GOOD: 1\n  1X: 2\n", [":4: --env '1X': not a variable name"]),
+        ("env:\n  A: null\n", [":2: env.A: expected a single value, got None"]),
+        ("env:\n  A: yes\n", [":2: env.A: True is a YAML boolean"]),
+        ("env:\n  RANK: '3'\n", [":2: --env RANK"]),
+        ("env: {A: \"x\\0y\"}\n", ["--env A", "NUL"]),
+        ("parallel: [1, 2]\n", [":1: parallel: expected a single value"]),
+        ("cards: 2\nparallel:\n  mode: data\n  dp: abc\n", [":4: parallel.dp: expected an integer"]),
+        ("parallel:\n  mode: data\n\n  seed: -3\n", [":4: parallel.seed: must be >= 0"]),
+        ("? [a, b]\n: 1\n", [":1: expected an option name as the key"]),
+        ("cards: 100\n", [":1: --cards 100: expected 1-64"]),
+        ("job-id: ../../etc\n", [":1: --job-id '../../etc'"]),
+        ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", [":1: nested deeper than 32 levels"]),
+    ], ids=lambda v: v[:40] if isinstance(v, str) else None)
+    def test_refused_naming_file_and_line(self, tmp_path: Path, text: str, needles) -> None:
+        config = tmp_path / "job.yaml"
+        config.write_text(text)
+        _refused(tmp_path, *CPU, "--config", str(config), SCRIPT,
+                 needles=tuple(f"{config}{n}" if n.startswith(":") else n for n in needles))
+        assert not (tmp_path / "PWNED").exists()
+
+    def test_dates_and_numbers_are_text_where_text_belongs(self, tmp_path: Path) -> None:
+        config = tmp_path / "job.yaml"
+        config.write_text("job-id: 2026-12-01\nscript_args: [1, 2.5, x]\n")
+        result = run_launcher(*CPU, "--config", str(config), "--dry-run", SCRIPT, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "job 2026-12-01" in result.stdout and "chatty.py 1 2.5 x" in result.stdout
+
+
+class TestEnvFile:
+    """``.npu_launch_env`` goes with a multi-node job: a bad one is refused before any host
+    is reached."""
+
+    @pytest.mark.parametrize("content, needle", [
+        (b"A=1\n\xff\xfe=2\n", ":2: not UTF-8 text"),
+        (b"A=1\n1X=2\n", ":2: expected KEY=VALUE, got '1X=2'"),
+        (b"A=1\nB=x\0y\n", ":2: expected KEY=VALUE"),
+    ])
+    def test_bad_env_file(self, tmp_path: Path, content: bytes, needle: str) -> None:
+        (tmp_path / ".npu_launch_env").write_bytes(content)
+        (tmp_path / "hosts").write_text("localhost slots=1\n")
+        _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr",
+                 "127.0.0.1", "--dry-run", SCRIPT,
+                 needles=(f"{tmp_path / '.npu_launch_env'}{needle}",))
+
+    def test_env_file_of_a_megabyte_line(self, tmp_path: Path) -> None:
+        (tmp_path / ".npu_launch_env").write_bytes(b"A=" + b"x" * (2 << 20) + b"\n")
+        (tmp_path / "hosts").write_text("localhost slots=1\n")
+        _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr",
+                 "127.0.0.1", "--dry-run", SCRIPT, needles=("larger than 1024 KiB",))
