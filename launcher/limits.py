@@ -6,7 +6,10 @@ ends" table lists them; keep the two in step.
 """
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from typing import Optional
 
 from launcher.errors import ConfigError
@@ -54,8 +57,7 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of ``path``, refused past ``limit`` bytes (``/dev/zero`` is a file too)
     or when it is no text; errors name ``what`` and the path, or ``path:line``."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        data = _read_at_most(path, limit + 1)
     except OSError as e:
         raise ConfigError(f"{what} {path}: {e.strerror}") from None
     except ValueError:  # a NUL byte in the path
@@ -67,3 +69,26 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
+
+
+def _read_at_most(path: str, size: int) -> bytes:
+    """Up to ``size`` bytes; a FIFO or socket is refused, since opening one waits for a writer
+    that may never come."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a pipe or socket)")
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        os.set_blocking(fd, True)
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

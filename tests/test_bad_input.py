@@ -153,6 +153,11 @@ class TestConfigFile:
                  needles=tuple(f"{config}{n}" if n.startswith(":") else n for n in needles))
         assert not (tmp_path / "PWNED").exists()
 
+    def test_a_fifo_is_refused_not_waited_on(self, tmp_path: Path) -> None:
+        os.mkfifo(tmp_path / "job.yaml")
+        _refused(tmp_path, *CPU, "--config", str(tmp_path / "job.yaml"), SCRIPT,
+                 needles=("not a regular file",))
+
     def test_dates_and_numbers_are_text_where_text_belongs(self, tmp_path: Path) -> None:
         config = tmp_path / "job.yaml"
         config.write_text("job-id: 2026-12-01\nscript_args: [1, 2.5, x]\n")
