@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import stat
 from typing import Optional
 
@@ -57,7 +58,7 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of ``path``, refused past ``limit`` bytes (``/dev/zero`` is a file too)
     or when it is no text; errors name ``what`` and the path, or ``path:line``."""
     try:
-        data = _read_at_most(path, limit + 1)
+        data = read_at_most(path, limit + 1)
     except OSError as e:
         raise ConfigError(f"{what} {path}: {e.strerror}") from None
     except ValueError:  # a NUL byte in the path
@@ -71,24 +72,36 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
         raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
 
 
-def _read_at_most(path: str, size: int) -> bytes:
-    """Up to ``size`` bytes; a FIFO or socket is refused, since opening one waits for a writer
-    that may never come."""
+PIPE_WAIT = 30.0
+"""Seconds a pipe (``--rank-table <(...)``) may stay silent before its read is given up."""
+
+
+def read_at_most(path: str, size: int) -> bytes:
+    """Up to ``size`` bytes of ``path``, never waiting without end: a FIFO nobody writes to
+    reads as empty, and one whose writer goes silent for ``PIPE_WAIT`` seconds is an error."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            raise OSError(errno.EINVAL, "not a regular file (a pipe or socket)")
         if stat.S_ISDIR(mode):
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        os.set_blocking(fd, True)
-        chunks, left = [], size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        if not stat.S_ISFIFO(mode):
+            os.set_blocking(fd, True)
+        return _read_fd(fd, size)
     finally:
         os.close(fd)
+
+
+def _read_fd(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        try:
+            chunk = os.read(fd, min(left, 1 << 16))
+        except BlockingIOError:  # a pipe with a writer and nothing written yet
+            if not select.select([fd], [], [], PIPE_WAIT)[0]:
+                raise OSError(errno.ETIMEDOUT, f"a pipe silent for {PIPE_WAIT:.0f} s") from None
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

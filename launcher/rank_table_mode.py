@@ -16,6 +16,7 @@ import psutil
 
 from launcher.devices import DEVFS_ENV, Card, DeviceKind
 from launcher.errors import ConfigError
+from launcher.limits import shown
 from launcher.plan import RankAssignment
 from rank_tables.ascend import ASCEND_TOOL_DIR, AscendHost, this_host_ip
 from rank_tables.generate import GenerateConfig, generate_server
@@ -57,8 +58,8 @@ def node_share(table: RankTable, candidates: Sequence[str], server_id: Optional[
     """This node's share; ``found`` are the cards the host has (empty on CPU)."""
     sid = server_id or _match_server(table, candidates, where)
     if sid not in table.server_ids():
-        raise ConfigError(f"--rank-table: server {sid!r} ({where}) is not in the table "
-                          f"(servers: {', '.join(table.server_ids())})")
+        raise ConfigError(f"--rank-table: server {shown(sid)} ({where}) is not in the table "
+                          f"(servers: {_listing(table.server_ids())})")
     entries = table.ranks_for_server(sid)
     if cards is not None and cards != len(entries):
         raise ConfigError(f"--cards {cards}: the rank table gives server {sid} "
@@ -87,5 +88,14 @@ def _match_server(table: RankTable, candidates: Sequence[str], where: str) -> st
     if len(matches) != 1:
         found = "is not" if not matches else f"matches {len(matches)} servers"
         raise ConfigError(f"--rank-table: {where} {found} in the table (servers: "
-                          f"{', '.join(table.server_ids())}); give --server-id")
+                          f"{_listing(table.server_ids())}); give --server-id")
     return matches[0]
+
+
+_LISTED = 8
+
+
+def _listing(server_ids: Sequence[str]) -> str:
+    """The first few server ids: a table may hold a thousand."""
+    more = len(server_ids) - _LISTED
+    return ", ".join(server_ids[:_LISTED]) + (f", ... ({len(server_ids)} in all)" if more > 0 else "")

@@ -15,6 +15,7 @@ Nothing here runs at import time; every probe is a method of ``AscendHost``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import socket
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from launcher.errors import ConfigError
+from launcher.limits import MAX_DEVICE_ID, MAX_FILE_BYTES, shown, whole_number
+from rank_tables.bounded import UnreadableFile, read_text
 
 DEVFS_ENV = "NPU_LAUNCH_DEVFS"
 """Where to look for ``davinciN`` device nodes instead of ``/dev`` (tests use plain files)."""
@@ -138,13 +141,14 @@ def parse_hccn_tool_ip(output: str) -> Optional[str]:
 
 
 def read_hccn_conf(path: Path) -> dict[int, str]:
-    """``address_N`` entries of an ``hccn.conf``; a missing file has none."""
-    try:
-        return parse_hccn_conf(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """``address_N`` entries of an ``hccn.conf``; a missing file has none. The file is read
+    within ``MAX_FILE_BYTES`` (a copy given by hand may be anything, ``/dev/zero`` included)."""
+    if not os.path.lexists(path):
         return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return parse_hccn_conf(read_text(path, MAX_FILE_BYTES, "hccn.conf"))
+    except UnreadableFile as exc:
+        raise ConfigError(exc.message) from None
 
 
 def parse_hccn_conf(text: str) -> dict[int, str]:
@@ -152,8 +156,9 @@ def parse_hccn_conf(text: str) -> dict[int, str]:
     found: dict[int, str] = {}
     for line in text.splitlines():
         match = _HCCN_ADDRESS.fullmatch(line)
-        if match:
-            found[int(match.group(1))] = match.group(2)
+        device = whole_number(match.group(1)) if match else None
+        if device is not None and device <= MAX_DEVICE_ID:
+            found[device] = match.group(2)  # type: ignore[union-attr]
     return found
 
 
@@ -171,18 +176,19 @@ def parse_chip_map(output: str) -> dict[int, tuple[int, int]]:
     chips: dict[int, tuple[int, int]] = {}
     for line in lines[header + 1:]:
         cells = _COLUMNS.split(line.strip())
-        if len(cells) > phy and cells[phy].isdigit():
-            chips[int(cells[phy])] = (int(cells[npu]), int(cells[chip]))
+        numbers = [whole_number(cells[i]) if len(cells) > i else None for i in (phy, npu, chip)]
+        if None not in numbers:  # the Mcu row and '-' cells
+            chips[numbers[0]] = (numbers[1], numbers[2])  # type: ignore[index, assignment]
     return chips
 
 
 def parse_spod_info(output: str) -> SuperPodInfo:
     """``SDID`` and ``Super Pod ID`` from ``npu-smi info -t spod-info`` output."""
     fields = {m.group(1): m.group(2) for m in map(_KEY_VALUE.fullmatch, output.splitlines()) if m}
-    sdid, pod = fields.get("SDID", ""), fields.get("Super Pod ID", "")
-    if not sdid.isdigit() or not pod:
-        raise ConfigError(f"npu-smi spod-info printed no SDID / Super Pod ID: {output.strip()[:200]!r}")
-    return SuperPodInfo(int(sdid), pod)
+    sdid, pod = whole_number(fields.get("SDID", "")), fields.get("Super Pod ID", "")
+    if sdid is None or not pod:
+        raise ConfigError(f"npu-smi spod-info printed no SDID / Super Pod ID: {shown(output.strip())}")
+    return SuperPodInfo(sdid, pod)
 
 
 def this_host_ip() -> str:

@@ -14,14 +14,38 @@ from typing import Optional, Sequence
 import click
 
 from launcher.errors import ConfigError, RankTableError
+from launcher.limits import MAX_NODES, shown, whole_number
 from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, DEVFS_ENV, AscendHost, this_host_ip
+from rank_tables.bounded import display_name
 from rank_tables.cluster import ClusterConfig, cluster_table, parse_host_paths
 from rank_tables.generate import GenerateConfig, GeneratedServer, generate_server, parse_assignments, parse_device_list
 from rank_tables.merge import merge_tables
 from rank_tables.show import format_table
-from rank_tables.table import RankTable, load_rank_table
+from rank_tables.table import InvalidRankTable, RankTable, load_rank_table
+from rank_tables.validate import MAX_PORT
 
 STDOUT = "-"
+
+
+class WholeNumber(click.ParamType):
+    """A number written in ASCII digits, at most ``maximum``: click's ``int`` takes ``"١٢"``,
+    ``"1_000"`` and 4000 digits."""
+
+    name = "integer"
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+
+    def convert(self, value: object, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> int:
+        if isinstance(value, int):
+            return value
+        number = whole_number(str(value))
+        if number is None or number > self.maximum:
+            self.fail(f"{shown(value)} is not a whole number within 0-{self.maximum}", param, ctx)
+        return number
+
+
+PORT = WholeNumber(MAX_PORT)
 
 
 @click.group(name="rank-table")
@@ -41,15 +65,15 @@ def rank_table() -> None:
               help="Physical device N's NIC address by hand (wins over hccn_tool and hccn.conf). Repeatable.")
 @click.option("--hccn-conf", type=click.Path(path_type=Path), default=DEFAULT_HCCN_CONF, show_default=True,
               help="Read when hccn_tool gives no address.")
-@click.option("--device-port", type=int, help="device_port of every device.")
-@click.option("--host-port", type=int, metavar="BASE", help="host_port BASE, BASE+1, ... per device.")
+@click.option("--device-port", type=PORT, help="device_port of every device.")
+@click.option("--host-port", type=PORT, metavar="BASE", help="host_port BASE, BASE+1, ... per device.")
 @click.option("--host-ip", help="host_ip of the server.")
 @click.option("--super-pod-id", help="1.2: the super pod id. [default: from npu-smi]")
 @click.option("--super-device-id", "super_device_ids", multiple=True, metavar="N=SDID",
               help="1.2: physical device N's super_device_id. [default: from npu-smi]")
 @click.option("--backup-device-ip", "backup_ips", multiple=True, metavar="N=IP",
               help="1.2: physical device N's backup IP.")
-@click.option("--backup-device-port", type=int, help="1.2: backup_device_port of every device.")
+@click.option("--backup-device-port", type=PORT, help="1.2: backup_device_port of every device.")
 @click.option("--devfs", type=click.Path(path_type=Path), envvar=DEVFS_ENV, default=DEFAULT_DEVFS,
               show_default=True, help=f"Where the davinciN device nodes are (env {DEVFS_ENV}).")
 @click.option("-o", "--output", help="Output file, '-' for stdout. [default: hccl_{N}p_{ids}_{server_id}.json]")
@@ -69,7 +93,7 @@ def generate(server_id: Optional[str], devices_text: Optional[str], visible_text
         host_port=host_port,
         host_ip=host_ip,
         super_pod_id=super_pod_id,
-        super_device_ids=_numbered(parse_assignments(super_device_ids, "--super-device-id"), "--super-device-id"),
+        super_device_ids=parse_assignments(super_device_ids, "--super-device-id", "3"),
         backup_device_ips=parse_assignments(backup_ips, "--backup-device-ip"),
         backup_device_port=backup_device_port,
     )
@@ -94,8 +118,8 @@ def merge(files: Sequence[Path], output: Optional[str]) -> None:
               help="A copy of HOST's /etc/hccn.conf. Repeatable; needed for every selected host for now.")
 @click.option("--include", help="Hosts and cards to use: node1@node2:0,2")
 @click.option("--exclude", help="Hosts and cards to leave out: node2:7")
-@click.option("--nnodes", type=int, help="Use only the first N hosts.")
-@click.option("--device-port", type=int, help="device_port of every device.")
+@click.option("--nnodes", type=WholeNumber(MAX_NODES), help="Use only the first N hosts.")
+@click.option("--device-port", type=PORT, help="device_port of every device.")
 @click.option("-o", "--output", help="Output file, '-' for stdout. [default: hccl_{S}s_{N}p.json]")
 def from_hostfile(hostfile: Path, hccn_confs: Sequence[str], include: Optional[str], exclude: Optional[str],
                   nnodes: Optional[int], device_port: Optional[int], output: Optional[str]) -> None:
@@ -109,18 +133,28 @@ def from_hostfile(hostfile: Path, hccn_confs: Sequence[str], include: Optional[s
 @rank_table.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def validate(files: Sequence[Path]) -> None:
-    """Check tables' structure and meaning; report every problem with its JSON path."""
-    failures = []
+    """Check tables' structure and meaning; report every problem with its JSON path.
+
+    A valid table gets one line on stdout. When there is more than one problem, every problem is
+    listed on stdout and the error line gives the first and the count.
+    """
+    problems: list[str] = []
     for path in files:
         try:
             table = load_rank_table(path)
+        except InvalidRankTable as exc:
+            problems.extend(exc.lines)
+            continue
         except RankTableError as exc:
-            failures.append(exc.message)
+            problems.append(exc.message)
             continue
         click.echo(f"{path}: valid rank table v{table.version}, {len(table.servers)} server(s), "
                    f"{table.rank_count} rank(s)")
-    if failures:
-        raise RankTableError("\n".join(failures))
+    if len(problems) > 1:
+        click.echo("\n".join(problems))
+        raise RankTableError(f"{problems[0]} ({len(problems)} problems in all, listed above)")
+    if problems:
+        raise RankTableError(problems[0])
 
 
 @rank_table.command()
@@ -128,13 +162,6 @@ def validate(files: Sequence[Path]) -> None:
 def show(file: Path) -> None:
     """Print a table of rank, server, device and device IP."""
     click.echo(format_table(load_rank_table(file)), nl=False)
-
-
-def _numbered(pairs: tuple[tuple[int, str], ...], option: str) -> tuple[tuple[int, str], ...]:
-    bad = [f"{d}={v}" for d, v in pairs if not v.isdigit()]
-    if bad:
-        raise ConfigError(f"{option} {bad[0]}: the value must be a whole number")
-    return pairs
 
 
 def _tool_path() -> str:
@@ -149,7 +176,7 @@ def _write(table: RankTable, output: str) -> None:
     try:
         Path(output).write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{output}: cannot write: {exc.strerror or exc}") from None
+        raise ConfigError(f"{display_name(output)}: cannot write: {exc.strerror or exc}") from None
     click.echo(f"wrote {output}: {len(table.servers)} server(s), {table.rank_count} rank(s)", err=True)
 
 

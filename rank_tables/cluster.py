@@ -14,7 +14,9 @@ from typing import Mapping, Optional, Sequence
 
 from launcher.errors import ConfigError
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
+from launcher.limits import shown
 from rank_tables.ascend import read_hccn_conf
+from rank_tables.bounded import display_name
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, check_table
 from rank_tables.validate import HOST_NIC_RESERVED
 
@@ -34,7 +36,7 @@ class ClusterConfig:
         hosts = [host for host, _ in self.hccn_confs]
         twice = sorted({h for h in hosts if hosts.count(h) > 1})
         if twice:
-            raise ConfigError(f"--hccn-conf: host {twice[0]!r} is given twice")
+            raise ConfigError(f"--hccn-conf: host {shown(twice[0])} is given twice")
 
 
 def parse_host_paths(items: Sequence[str]) -> tuple[tuple[str, Path], ...]:
@@ -43,7 +45,7 @@ def parse_host_paths(items: Sequence[str]) -> tuple[tuple[str, Path], ...]:
     for item in items:
         host, sep, path = item.partition("=")
         if not sep or not host.strip() or not path:
-            raise ConfigError(f"--hccn-conf {item!r}: expected HOST=PATH")
+            raise ConfigError(f"--hccn-conf {shown(item)}: expected HOST=PATH")
         pairs.append((host.strip(), Path(path)))
     return tuple(pairs)
 
@@ -54,7 +56,7 @@ def cluster_table(config: ClusterConfig) -> RankTable:
     known = {e.host for e in entries}
     strangers = [host for host, _ in config.hccn_confs if host not in known]
     if strangers:
-        raise ConfigError(f"--hccn-conf {strangers[0]}: not a host in {config.hostfile}")
+        raise ConfigError(f"--hccn-conf {display_name(strangers[0])}: not a host in {display_name(config.hostfile)}")
     selected = select_hosts(entries, config.include, config.exclude, config.nnodes)
     confs = dict(config.hccn_confs)
     servers, start = [], 0
@@ -75,12 +77,12 @@ def device_ips_for_host(host: str, devices: Sequence[int], hccn_confs: Mapping[s
         raise ConfigError(f"no device IPs for host {host!r}: pass --hccn-conf {host}=PATH with a copy of its "
                           "/etc/hccn.conf (reading them over ssh is not supported yet)")
     path = hccn_confs[host]
-    if not path.is_file():
-        raise ConfigError(f"--hccn-conf {host}={path}: no such file")
+    if not path.exists():
+        raise ConfigError(f"--hccn-conf {host}={display_name(path)}: no such file")
     addresses = read_hccn_conf(path)
     missing = [d for d in devices if d not in addresses]
     if missing:
-        raise ConfigError(f"{path} (host {host!r}) has no address_N for device(s) {','.join(map(str, missing))}")
+        raise ConfigError(f"{display_name(path)} (host {host!r}) has no address_N for device(s) {','.join(map(str, missing))}")
     return {d: addresses[d] for d in devices}
 
 

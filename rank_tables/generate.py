@@ -13,10 +13,13 @@ import re
 from typing import Iterable, Mapping, Optional
 
 from launcher.errors import ConfigError
+from launcher.limits import MAX_DEVICE_ID, shown, whole_number
 from rank_tables.ascend import AscendHost, DeviceIp
+from rank_tables.bounded import display_name
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod, check_table
-from rank_tables.validate import HOST_NIC_RESERVED, MAX_DEVICE_ID, MAX_PORT, VERSIONS
+from rank_tables.validate import HOST_NIC_RESERVED, MAX_PORT, VERSIONS
 
+# Digits are matched loosely here and judged by whole_number, so 5000 of them get the bound's message.
 _HALF_OPEN = re.compile(r"\[\s*([0-9]+)\s*,\s*([0-9]+)\s*\)")
 _SPAN = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 IdMap = tuple[tuple[int, str], ...]
@@ -47,8 +50,9 @@ class GenerateConfig:
         if self.version not in VERSIONS:
             raise ConfigError(f"--format {self.version}: must be one of {', '.join(VERSIONS)}")
         if not 0 < len(self.server_id) <= 64:
-            raise ConfigError(f"--server-id {self.server_id!r}: must be 1 to 64 characters")
+            raise ConfigError(f"--server-id {shown(self.server_id)}: must be 1 to 64 characters")
         self._check_version_options()
+        self._check_super_device_ids()
         self._check_ports()
 
     def _check_version_options(self) -> None:
@@ -57,6 +61,12 @@ class GenerateConfig:
         used = [name for name, value in only_v12.items() if value]
         if self.version != "1.2" and used:
             raise ConfigError(f"{', '.join(used)}: only for --format 1.2 (Atlas A3 SuperPoD)")
+
+    def _check_super_device_ids(self) -> None:
+        bad = [f"{d}={v}" for d, v in self.super_device_ids if whole_number(v) is None]
+        if bad:
+            raise ConfigError(f"--super-device-id {display_name(bad[0])}: the value must be a whole number "
+                              "written in digits 0-9 (at most 12)")
 
     def _check_ports(self) -> None:
         ports = {"--device-port": self.device_port, "--host-port": self.host_port,
@@ -84,40 +94,57 @@ class GeneratedServer:
 
 
 def parse_device_list(text: str, option: str = "--devices") -> tuple[int, ...]:
-    """``0-7``, ``0,2,4,6``, ``0-3,8-11`` or ``hccl_tools.py``'s ``[0,8)`` -> ascending ids."""
+    """``0-7``, ``0,2,4,6``, ``0-3,8-11`` or ``hccl_tools.py``'s ``[0,8)`` -> ascending ids, each
+    within 0..``MAX_DEVICE_ID`` (so ``0-99999999999`` is refused, not listed)."""
     half_open = _HALF_OPEN.fullmatch(text.strip())
     if half_open:
-        ids = list(range(int(half_open.group(1)), int(half_open.group(2))))
+        first = _device_id(half_open.group(1), text, option)
+        end = _device_id(half_open.group(2), text, option, MAX_DEVICE_ID + 1)  # one past the last
+        ids = list(range(first, end))
     else:
         ids = [i for part in text.split(",") for i in _parse_span(part, text, option)]
     if not ids:
-        raise ConfigError(f"{option} {text!r}: names no device")
+        raise ConfigError(f"{option} {shown(text)}: names no device")
     if len(set(ids)) != len(ids):
-        raise ConfigError(f"{option} {text!r}: names a device twice")
+        raise ConfigError(f"{option} {shown(text)}: names a device twice")
     return tuple(sorted(ids))
 
 
 def _parse_span(part: str, text: str, option: str) -> range:
     match = _SPAN.fullmatch(part.strip())
     if match is None:
-        raise ConfigError(f"{option} {text!r}: expected ids like 0-7, 0,2,4,6 or [0,8)")
-    first = int(match.group(1))
-    last = int(match.group(2) or first)
+        raise ConfigError(f"{option} {shown(text)}: expected ids like 0-7, 0,2,4,6 or [0,8)")
+    first = _device_id(match.group(1), text, option)
+    last = _device_id(match.group(2) or match.group(1), text, option)
     if last < first:
-        raise ConfigError(f"{option} {text!r}: range {part.strip()} runs backwards")
+        raise ConfigError(f"{option} {shown(text)}: range {part.strip()} runs backwards")
     return range(first, last + 1)
 
 
-def parse_assignments(items: Iterable[str], option: str) -> IdMap:
-    """``["0=192.168.1.6", ...]`` -> ``((0, "192.168.1.6"), ...)``; ``N`` is a device id."""
+def _device_id(digits: str, text: str, option: str, bound: int = MAX_DEVICE_ID) -> int:
+    number = whole_number(digits)
+    if number is None or number > bound:
+        said = digits if len(digits) <= 12 else f"{digits[:12]}...({len(digits)} digits)"
+        raise ConfigError(f"{option} {shown(text)}: {said} is out of range 0-{bound} "
+                          f"(physical ids of /dev/davinci0 .. /dev/davinci{MAX_DEVICE_ID})")
+    return number
+
+
+def parse_assignments(items: Iterable[str], option: str, example: str = "192.168.1.6") -> IdMap:
+    """``["0=192.168.1.6", ...]`` -> ``((0, "192.168.1.6"), ...)``; ``N`` is a physical device id."""
     pairs: dict[int, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip().isdigit() or not value.strip():
-            raise ConfigError(f"{option} {item!r}: expected N=VALUE, e.g. {option} 0=192.168.1.6")
-        if int(key) in pairs:
-            raise ConfigError(f"{option}: device {int(key)} is given twice")
-        pairs[int(key)] = value.strip()
+        device = whole_number(key.strip())
+        if not sep or device is None or not value.strip():
+            raise ConfigError(f"{option} {shown(item)}: expected N=VALUE with N a device id written in "
+                              f"digits 0-9, e.g. {option} 0={example}")
+        if device > MAX_DEVICE_ID:
+            raise ConfigError(f"{option} {shown(item)}: device {device} is out of range 0-{MAX_DEVICE_ID} "
+                              f"(physical ids of /dev/davinci0 .. /dev/davinci{MAX_DEVICE_ID})")
+        if device in pairs:
+            raise ConfigError(f"{option}: device {device} is given twice")
+        pairs[device] = value.strip()
     return tuple(sorted(pairs.items()))
 
 
@@ -126,7 +153,8 @@ def generate_server(config: GenerateConfig, host: AscendHost) -> GeneratedServer
     logical, physical = _chosen_devices(config, host.devices())
     ips = host.device_ips(physical, dict(config.device_ips))
     pods = host.super_pod_info(physical) if _needs_npu_smi(config, physical) else {}
-    sdids = {d: info.super_device_id for d, info in pods.items()} | {d: int(v) for d, v in config.super_device_ids}
+    given = {d: whole_number(v) for d, v in config.super_device_ids}
+    sdids = {d: info.super_device_id for d, info in pods.items()} | given
     devices = tuple(_device(config, rank, phys, ips[phys].ip, sdids.get(phys)) for rank, phys in enumerate(physical))
     server = ServerEntry(server_id=config.server_id, devices=devices, host_ip=config.host_ip,
                          host_nic_ip=HOST_NIC_RESERVED if config.version == "1.0" else None)

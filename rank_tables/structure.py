@@ -18,6 +18,8 @@ import json
 import re
 from typing import Any, Callable, Mapping, Union
 
+from launcher.limits import MAX_SHOWN
+
 PathPart = Union[str, int]
 JsonPath = tuple[PathPart, ...]
 
@@ -42,6 +44,7 @@ _BY_TYPE = {
 }
 _KEYWORDS = frozenset({"type", "const", "$ref"}).union(*_BY_TYPE.values())
 _TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string"}
+_HINT_BITS = 64
 
 
 class SchemaCompileError(ValueError):
@@ -134,7 +137,8 @@ def _const(expected: Any) -> Check:
 
 def _type_fault(name: str, value: Any, path: JsonPath) -> Fault:
     hint = ""
-    if name == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
+    # Only a whole number has an obvious string form: "1.5" or "NaN" would fail the pattern next.
+    if name == "string" and type(value) is int and value.bit_length() <= _HINT_BITS:
         hint = f" ({json.dumps(str(value))})"
     return Fault(path, "type", f"must be {_TYPE_NAMES[name]}{hint}, got {describe(value)}")
 
@@ -209,12 +213,24 @@ def describe(value: Any) -> str:
     if isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, (int, float)):
-        return f"the number {json.dumps(value)}"
+        return f"the number {_shortened(json.dumps(value))}" if _printable(value) else "a huge number"
     if value is None:
         return "null"
     if isinstance(value, str):
-        return json.dumps(value[:80] + ("..." if len(value) > 80 else ""))
+        return _shortened(json.dumps(value[:MAX_SHOWN + 1]), len(value))
     return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _printable(number: Any) -> bool:
+    # str() of an int past 4300 digits raises; a float always prints.
+    return not isinstance(number, int) or number.bit_length() < 4300 * 3
+
+
+def _shortened(text: str, length: int = 0) -> str:
+    """``text`` cut to ``MAX_SHOWN`` characters, saying how long the value was."""
+    if len(text) <= MAX_SHOWN + 2:
+        return text
+    return f"{text[:MAX_SHOWN]}...({length or len(text)} chars)"
 
 
 def format_path(path: JsonPath) -> str:

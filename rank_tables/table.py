@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from launcher.errors import RankTableError
+from launcher.limits import MAX_RANK_TABLE_BYTES, shown
+from rank_tables.bounded import UnreadableFile, display_name, parse_json, read_text
 from rank_tables.validate import Problem, validate
 
 Extra = tuple[tuple[str, Any], ...]
@@ -44,7 +46,7 @@ class DeviceEntry:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "DeviceEntry":
         """Build from a validated ``device`` object."""
-        return cls(
+        return cls(  # validated: every number is at most 12 ASCII digits
             device_id=int(doc["device_id"]),
             device_ip=doc.get("device_ip"),
             rank_id=int(doc["rank_id"]),
@@ -142,8 +144,9 @@ class RankTable:
         for server in self.servers:
             if server.server_id == server_id:
                 return server
-        raise RankTableError(f"server {server_id!r} is not in the rank table "
-                             f"(it has: {', '.join(self.server_ids())})")
+        ids = self.server_ids()
+        listed = ", ".join(ids[:8]) + (f", ... ({len(ids)} in all)" if len(ids) > 8 else "")
+        raise RankTableError(f"server {shown(server_id)} is not in the rank table (it has: {listed})")
 
     def ranks_for_server(self, server_id: str) -> tuple[DeviceEntry, ...]:
         """The devices of ``server_id`` in rank order."""
@@ -166,25 +169,24 @@ class RankTable:
 def load_rank_table(path: Union[str, Path]) -> RankTable:
     """Read, parse and validate the rank table at ``path``.
 
-    Raises ``RankTableError`` whose message starts with the file name: for an unreadable file, for
-    bad JSON (with line and column), or with one line per problem (``JSON.path: message``).
+    Raises ``RankTableError``, one line starting with the file name: for an unreadable file, one
+    larger than ``MAX_RANK_TABLE_BYTES``, text that is not UTF-8 or not JSON (with line and
+    column), JSON nested deeper than ``MAX_JSON_DEPTH`` or numbers that no table holds; and
+    ``InvalidRankTable`` for a document with problems (``JSON.path: message`` each).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RankTableError(f"{path}: cannot read the rank table: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RankTableError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    return parse_rank_table(doc, str(path))
+        text = read_text(path, MAX_RANK_TABLE_BYTES, "rank table")
+        doc = parse_json(text, display_name(path))
+    except UnreadableFile as exc:
+        raise RankTableError(exc.message) from None
+    return parse_rank_table(doc, display_name(path))
 
 
 def parse_rank_table(doc: Any, name: str) -> RankTable:
     """Validate a parsed document and build the table; ``name`` starts every error line."""
     problems = validate(doc)
     if problems:
-        raise RankTableError(describe_problems(name, problems))
+        raise InvalidRankTable(name, problems)
     return RankTable.from_json(doc)
 
 
@@ -192,8 +194,18 @@ def check_table(table: RankTable, name: str) -> RankTable:
     """``table`` itself if its JSON is valid, else ``RankTableError`` (for tables built in code)."""
     problems = validate(table.to_json())
     if problems:
-        raise RankTableError(describe_problems(name, problems))
+        raise InvalidRankTable(name, problems)
     return table
+
+
+class InvalidRankTable(RankTableError):
+    """A table with problems. The message is one line: the first problem, and how many more;
+    ``lines`` holds every problem as ``name: JSON.path: message``."""
+
+    def __init__(self, name: str, problems: list[Problem]) -> None:
+        self.lines = tuple(describe_problems(name, problems).splitlines())
+        more = len(problems) - 1
+        super().__init__(self.lines[0] + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""))
 
 
 def describe_problems(name: str, problems: list[Problem]) -> str:
@@ -202,6 +214,7 @@ def describe_problems(name: str, problems: list[Problem]) -> str:
 
 
 def _optional_int(value: Optional[str]) -> Optional[int]:
+    # Validated: at most 12 ASCII digits (the schemas' "number").
     return None if value is None else int(value)
 
 

@@ -26,10 +26,10 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from rank_tables.structure import Check, JsonPath, compile_schema, format_path
+from launcher.limits import MAX_DEVICE_ID, whole_number
+from rank_tables.structure import Check, Fault, JsonPath, compile_schema, describe, format_path
 
 VERSIONS = ("1.0", "1.2")
-MAX_DEVICE_ID = 15
 MAX_PORT = 65535
 HOST_NIC_RESERVED = "reserve"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -53,7 +53,7 @@ def validate(doc: Any) -> list[Problem]:
     """Every problem in ``doc`` (a parsed rank table); an empty list means the table is valid."""
     faults: list = []
     structure_check(_version_of(doc))(doc, (), faults)
-    problems = [Problem(format_path(f.path), f.message) for f in faults]
+    problems = [Problem(format_path(f.path), f.message) for f in _with_version_listed(doc, faults)]
     if isinstance(doc, dict) and isinstance(doc.get("server_list"), list):
         view = _TableView.of(doc)
         for check in _SEMANTIC_CHECKS:
@@ -72,6 +72,17 @@ def load_schema(version: str) -> dict[str, Any]:
 def structure_check(version: str) -> Check:
     """The compiled structure check for ``version``."""
     return compile_schema(load_schema(version))
+
+
+def _with_version_listed(doc: Any, faults: list) -> list:
+    """The v1.0 schema checking a table of unknown version says 'must be "1.0"'; say every one."""
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version is None or version in VERSIONS:
+        return faults
+    listed = " or ".join(json.dumps(v) for v in VERSIONS)
+    kind = "" if isinstance(version, str) else " (a string)"
+    message = f"must be {listed}{kind}, got {describe(version)}"
+    return [Fault(f.path, f.keyword, message) if f.path == ("version",) else f for f in faults]
 
 
 def _version_of(doc: Any) -> str:
@@ -123,10 +134,9 @@ class _TableView:
 
 
 def _number(value: Any) -> Optional[int]:
-    """The int in a string such as ``"12"``; ``None`` for anything the schema already rejects."""
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
-    return None
+    """The int in a string such as ``"12"``; ``None`` for anything the schema already rejects
+    (``str.isdigit`` would let ``"²"`` through, and ``int`` refuses 5000 digits)."""
+    return whole_number(value) if isinstance(value, str) else None
 
 
 def _problem(path: JsonPath, message: str) -> Problem:
@@ -148,7 +158,7 @@ def _check_server_ids(view: _TableView) -> Iterator[Problem]:
             continue
         if server_id in first:
             yield _problem(("server_list", index, "server_id"),
-                           f"{json.dumps(server_id)} is already server_list[{first[server_id]}]")
+                           f"{describe(server_id)} is already server_list[{first[server_id]}]")
         else:
             first[server_id] = index
 
@@ -194,7 +204,7 @@ def _check_ranks(view: _TableView) -> Iterator[Problem]:
 def _check_rank_order(view: _TableView) -> Iterator[Problem]:
     by_server: dict[int, list[int]] = {index: [] for index, _ in view.servers}
     for device in view.devices:
-        by_server[device.server].append(int(device.fields["rank_id"]))
+        by_server[device.server].append(_number(device.fields["rank_id"]))  # type: ignore[arg-type]
     start = 0
     for index, ranks in by_server.items():
         expected = list(range(start, start + len(ranks)))
@@ -222,7 +232,7 @@ def _is_address(value: str) -> bool:
 
 
 def _bad_address(path: JsonPath, value: str) -> Problem:
-    return _problem(path, f"{json.dumps(value)} is not an IPv4 or IPv6 address")
+    return _problem(path, f"{describe(value)} is not an IPv4 or IPv6 address")
 
 
 def _check_device_ips(view: _TableView) -> Iterator[Problem]:
@@ -258,7 +268,7 @@ def _check_other_addresses(view: _TableView) -> Iterator[Problem]:
         nic = server.get("host_nic_ip")
         if isinstance(nic, str) and nic != HOST_NIC_RESERVED and not _is_address(nic):
             yield _problem(("server_list", index, "host_nic_ip"),
-                           f"must be {json.dumps(HOST_NIC_RESERVED)} or an IP address, got {json.dumps(nic)}")
+                           f"must be {json.dumps(HOST_NIC_RESERVED)} or an IP address, got {describe(nic)}")
     for device in view.devices:
         backup = device.fields.get("backup_device_ip")
         if isinstance(backup, str) and backup and not _is_address(backup):
@@ -302,12 +312,12 @@ def _check_pod_ids(pods: list) -> Iterator[Problem]:
             continue
         if pod_id in first:
             yield _problem(("super_pod_list", index, "super_pod_id"),
-                           f"{json.dumps(pod_id)} is already super_pod_list[{first[pod_id]}]")
+                           f"{describe(pod_id)} is already super_pod_list[{first[pod_id]}]")
         first.setdefault(pod_id, index)
 
 
 def _check_pod_members(view: _TableView, pods: list, membership: dict[str, int]) -> Iterator[Problem]:
-    known = {s.get("server_id") for _, s in view.servers}
+    known = {s.get("server_id") for _, s in view.servers if isinstance(s.get("server_id"), str)}
     for index, pod in enumerate(pods):
         members = pod.get("server_list") if isinstance(pod, dict) else None
         for k, entry in enumerate(members if isinstance(members, list) else []):
@@ -316,9 +326,9 @@ def _check_pod_members(view: _TableView, pods: list, membership: dict[str, int])
                 continue
             path = ("super_pod_list", index, "server_list", k, "server_id")
             if server_id not in known:
-                yield _problem(path, f"{json.dumps(server_id)} is not a server_id in server_list")
+                yield _problem(path, f"{describe(server_id)} is not a server_id in server_list")
             elif server_id in membership:
-                yield _problem(path, f"{json.dumps(server_id)} is already in super_pod_list[{membership[server_id]}]")
+                yield _problem(path, f"{describe(server_id)} is already in super_pod_list[{membership[server_id]}]")
             else:
                 membership[server_id] = index
 
@@ -333,7 +343,7 @@ def _check_servers_in_pods(view: _TableView, membership: dict[str, int]) -> Iter
         pod = membership.get(server_id)
         path = ("server_list", index, "server_id")
         if pod is None:
-            yield _problem(path, f"{json.dumps(server_id)} is in no super pod of super_pod_list")
+            yield _problem(path, f"{describe(server_id)} is in no super pod of super_pod_list")
             continue
         if pod in finished:
             yield _problem(path, f"servers of super_pod_list[{pod}] must be listed together in server_list")
@@ -351,7 +361,8 @@ def _check_super_device_ids(view: _TableView, membership: dict[str, int]) -> Ite
             yield _problem(path, "required when super_pod_list is present")
             continue
         sdid = _number(device.fields["super_device_id"])
-        pod = membership.get(server_ids[device.server].get("server_id"))
+        server_id = server_ids[device.server].get("server_id")
+        pod = membership.get(server_id) if isinstance(server_id, str) else None
         if sdid is None or pod is None:
             continue
         if (pod, sdid) in owner:

@@ -47,10 +47,13 @@ def test_validate_reports_every_problem_with_its_path_and_exits_2(weird_tmp: Pat
     result = invoke(["validate", EXAMPLES / "rank_table_1x8_v1.0.json", bad])
     assert result.exit_code == 2
     assert "rank_table_1x8_v1.0.json: valid rank table v1.0" in result.stdout
-    assert result.stderr.splitlines() == [
-        f'Error: {bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
+    assert result.stdout.splitlines()[1:] == [
+        f'{bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
         f"{bad}: server_list[1].device[4].rank_id: rank 4 is already server_list[0].device[4]",
     ]
+    assert result.stderr.splitlines() == [
+        f'Error: {bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11 '
+        "(2 problems in all, listed above)"]
 
 
 def test_show_prints_rank_server_device_ip() -> None:
@@ -118,7 +121,8 @@ def test_generate_to_stdout_reports_where_ips_came_from(weird_tmp: Path) -> None
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--devices", "0-99"], "--devices: logical id(s) 8,9,"),
+    (["--devices", "0-99"], "--devices '0-99': 99 is out of range 0-15"),
+    (["--devices", "0-9"], "--devices: logical id(s) 8,9 out of range"),
     (["--devices", "x"], "--devices 'x': expected ids like 0-7"),
     (["--super-pod-id", "1"], "--super-pod-id: only for --format 1.2"),
     (["--format", "1.2", "--super-device-id", "0=x", "--super-pod-id", "1"], "--super-device-id 0=x: the value"),
@@ -148,10 +152,13 @@ def test_the_module_runs_as_a_program(weird_tmp: Path) -> None:
     bad = broken_copy(weird_tmp)
     done = run_module(["validate", bad])
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
-        f'Error: {bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
+    assert done.stdout.splitlines() == [
+        f'{bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
         f"{bad}: server_list[1].device[4].rank_id: rank 4 is already server_list[0].device[4]",
     ]
+    assert done.stderr.splitlines() == [
+        f'Error: {bad}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11 '
+        "(2 problems in all, listed above)"]
     done = run_module(["generate", "--server-id", "10.0.0.11", "-o", "-"], env=fake_ascend_env(weird_tmp, range(2)))
     assert done.returncode == 0, done.stderr
     assert [d["device_ip"] for d in json.loads(done.stdout)["server_list"][0]["device"]] == ["192.1.10.6", "192.2.10.6"]

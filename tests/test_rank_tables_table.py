@@ -97,7 +97,9 @@ def test_an_invalid_table_gives_one_line_per_problem_each_starting_with_the_file
     path.write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(RankTableError) as info:
         load_rank_table(path)
-    assert info.value.message.splitlines() == [
+    assert info.value.message == (f'{path}: server_list[1].device[3].rank_id: must be a string ("11"), '
+                                  "got the number 11 (and 1 more problem)")
+    assert list(info.value.lines) == [
         f'{path}: server_list[1].device[3].rank_id: must be a string ("11"), got the number 11',
         f'{path}: server_list[0].device[0].device_ip: "192.1.10" is not an IPv4 or IPv6 address',
     ]

@@ -99,8 +99,8 @@ CASES = {
     "int where a string belongs (merge_hccl.py)": (v10, set_("server_list[1].device[3].rank_id", 11), {
         "server_list[1].device[3].rank_id": 'must be a string ("11"), got the number 11'}),
     "number string that is not a number": (v10, set_("server_list[0].device[2].device_id", "two"), {
-        "server_list[0].device[2].device_id": 'must be a whole number written as a string, such as "3", got "two"'}),
-    "unknown version": (v10, set_("version", "1.1"), {"version": 'must be "1.0", got "1.1"'}),
+        "server_list[0].device[2].device_id": 'must be a whole number of at most 12 digits written as a string, such as "3", got "two"'}),
+    "unknown version": (v10, set_("version", "1.1"), {"version": 'must be "1.0" or "1.2", got "1.1"'}),
     "status not completed": (v10, set_("status", "initializing"), {"status": 'must be "completed", got "initializing"'}),
     "empty server list": (v10, set_("server_list", []), {
         "server_list": "must not be empty", "server_count": "says 2 but server_list has 0 server(s)"}),
