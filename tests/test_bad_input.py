@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ CPU = ("--device", "cpu")
 
 def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     logs = tmp / "logs"
-    result = run_launcher(*args, "--log-dir", str(logs), cwd=tmp) if "--log-dir" not in args \
+    result = run_launcher("--log-dir", str(logs), *args, cwd=tmp) if "--log-dir" not in args \
         else run_launcher(*args, cwd=tmp)
     assert_one_line_error(result, *needles)
     assert "Traceback" not in result.stderr
@@ -153,10 +154,16 @@ class TestConfigFile:
                  needles=tuple(f"{config}{n}" if n.startswith(":") else n for n in needles))
         assert not (tmp_path / "PWNED").exists()
 
-    def test_a_fifo_is_refused_not_waited_on(self, tmp_path: Path) -> None:
-        os.mkfifo(tmp_path / "job.yaml")
-        _refused(tmp_path, *CPU, "--config", str(tmp_path / "job.yaml"), SCRIPT,
-                 needles=("not a regular file",))
+    def test_a_pipe_is_read_and_never_waited_on_without_end(self, tmp_path: Path) -> None:
+        """``--config <(...)`` works; a FIFO nobody writes to reads as empty (no hang)."""
+        fifo = tmp_path / "job.yaml"
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=fifo.write_text, args=("cards: 100\n",))
+        writer.start()
+        _refused(tmp_path, *CPU, "--config", str(fifo), SCRIPT, needles=(f"{fifo}:1: --cards 100",))
+        writer.join()
+        result = run_launcher(*CPU, "--config", str(fifo), "--dry-run", SCRIPT, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
 
     def test_dates_and_numbers_are_text_where_text_belongs(self, tmp_path: Path) -> None:
         config = tmp_path / "job.yaml"
