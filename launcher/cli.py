@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import difflib
 import os
-import shlex
 import sys
 from typing import Any, Iterator, Optional, Sequence
 
@@ -21,7 +20,7 @@ from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env
                              check_known_keys, parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
-from launcher.limits import shown
+from launcher.limits import shell_words, shown
 from launcher.report import report
 from parallel.config import ParallelConfig
 from rank_tables.cli import rank_table
@@ -150,7 +149,7 @@ def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[s
                       ssh_port: Optional[int], ssh_options: tuple[str, ...]) -> int:
     """Check every host of HOSTFILE in parallel and print one table; exit 1 if any fails."""
     hosts = select_hosts(read_hostfile(hostfile), include, exclude, nnodes)
-    checks = run_preflight(hosts, TransportOptions(ssh_port, ssh_options), os.getcwd(),
+    checks = run_preflight(hosts, TransportOptions(ssh_port, ssh_options), _working_dir(),
                            DeviceKind(device), master_port)
     click.echo(render(checks))
     return 0 if all(c.ok for c in checks) else 1
@@ -207,7 +206,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         json=options["as_json"],
         env=parse_env_pairs(options["env_pairs"]),
         python=sys.executable,
-        workdir=os.getcwd(),
+        workdir=_working_dir(),
         hostfile=options["hostfile"],
         include=options["include"],
         exclude=options["exclude"],
@@ -216,7 +215,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         launcher=options["launcher_kind"],
         ssh_port=options["ssh_port"],
         ssh_options=tuple(options["ssh_options"]),
-        launcher_args=split_words("--launcher-args", options["launcher_args"] or ""),
+        launcher_args=shell_words("--launcher-args", options["launcher_args"] or ""),
         preflight=not options["no_preflight"],
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
@@ -225,12 +224,12 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
     )
 
 
-def split_words(option: str, text: str) -> tuple[str, ...]:
-    """Shell-like words of an option's value (``--launcher-args "--mpi=pmix -t 5"``)."""
+def _working_dir() -> str:
     try:
-        return tuple(shlex.split(text))
-    except ValueError as e:
-        raise ConfigError(f"{option} {shown(text)}: {str(e).lower()}") from None
+        return os.getcwd()
+    except FileNotFoundError:
+        raise ConfigError("the working directory no longer exists (it was removed after "
+                          "this shell entered it)") from None
 
 
 def _refuse_unknown_option(ctx: click.Context, word: str) -> None:

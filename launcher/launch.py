@@ -256,9 +256,6 @@ def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str
         raise ConfigError(f"--launcher {kind.value}: needs --hostfile")
     hosts = select_hosts(read_hostfile(config.hostfile), config.include, config.exclude,
                          config.nnodes)
-    for host in hosts:
-        if host.host.startswith("-") or (host.user or "").startswith("-"):
-            raise ConfigError(f"{config.hostfile}: host {host.host!r} looks like an option")
     return SshBackend(hosts, options) if kind is LauncherKind.SSH else MpiBackend(hosts, options)
 
 

@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import select
+import shlex
 import stat
 from typing import Optional
 
@@ -105,3 +106,21 @@ def _read_fd(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+MAX_WORDS_CHARS = 4096
+"""One ``--ssh-option`` or ``--launcher-args`` value: ``shlex`` is quadratic in a quoted
+word's length, so 5 MB would take minutes."""
+
+
+def shell_words(option: str, text: str) -> tuple[str, ...]:
+    """The words of an option's value, split as a shell would (``-F "a b"``); an unbalanced
+    quote, a NUL or a value past ``MAX_WORDS_CHARS`` is a ``ConfigError`` naming ``option``."""
+    if len(text) > MAX_WORDS_CHARS:
+        raise ConfigError(f"{option} {shown(text)}: longer than {MAX_WORDS_CHARS} characters")
+    if "\0" in text:
+        raise ConfigError(f"{option} {shown(text)}: contains a NUL character")
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise ConfigError(f"{option} {shown(text)}: {e} (quote it as in a shell)") from None

@@ -16,11 +16,14 @@ from typing import Optional, Sequence
 
 from launcher import probe
 from launcher.backends import TransportOptions
-from launcher.backends.ssh import ssh_argv
+from launcher.backends.ssh import split_ssh_options, ssh_argv
 from launcher.devices import DeviceKind
-from launcher.hostfile import HostSelection
+from launcher.hostfile import HostSelection, path_shown
+from launcher.limits import shown
 
 PROBE_TIMEOUT = 30.0
+_CD_FAILED = ": cd: "
+"""How bash begins its complaint when the remote ``cd`` fails (dash says "can't cd")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +41,11 @@ class HostCheck:
 
 def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, workdir: str,
                   device: DeviceKind, master_port: Optional[int]) -> list[HostCheck]:
-    """Probe every host at once; then judge each against this host and the others."""
+    """Probe every host at once; then judge each against this host and the others.
+
+    A bad ``--ssh-option`` raises ``ConfigError`` here, before any host is asked."""
+    split_ssh_options(options.ssh_options)
+
     def ask(index_host: tuple[int, HostSelection]) -> tuple[Optional[dict], str]:
         index, host = index_host
         port = master_port if index == 0 else None
@@ -47,7 +54,7 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
     local = probe.report(None)
-    names = [facts["hostname"] for facts, _ in answers if facts]
+    names = [facts.get("hostname") for facts, _ in answers if facts]
     return [HostCheck(h.host, facts, tuple(_problems(h, facts, error, local, names, device,
                                                       i == 0 and master_port is not None)))
             for i, (h, (facts, error)) in enumerate(zip(hosts, answers))]
@@ -64,14 +71,23 @@ def _probe(host: HostSelection, options: TransportOptions, workdir: str,
         return None, f"no answer in {PROBE_TIMEOUT:g} s"
     if out.returncode == 255:
         return None, "unreachable: " + _last_line(out.stderr)
+    if _CD_FAILED in out.stderr or "can't cd" in out.stderr:
+        return None, f"no directory {path_shown(workdir)} there"
     if out.returncode == 127 or "No such file" in out.stderr:
         return None, f"no {sys.executable} there"
     if out.returncode != 0:
         return None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}"
+    return _facts(out.stdout)
+
+
+def _facts(stdout: str) -> tuple[Optional[dict], str]:
     try:
-        return json.loads(out.stdout.strip().splitlines()[-1]), ""
+        facts = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None, f"probe answered nonsense: {_last_line(out.stdout)}"
+        facts = None
+    if not isinstance(facts, dict) or not isinstance(facts.get("cards", 0), int):
+        return None, f"probe answered nonsense: {shown(_last_line(stdout))}"
+    return facts, ""
 
 
 def _problems(host: HostSelection, facts: Optional[dict], error: str, local: dict,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
+from helpers import RANK_SCRIPTS, assert_one_line_error, npu_launch_argv, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
 CPU = ("--device", "cpu")
@@ -54,7 +54,7 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     ([*CPU, "--job-id", "a\nb", SCRIPT], ["--job-id 'a\\nb'"]),
     ([*CPU, "--job-id", "x" * 100_000, SCRIPT], ["--job-id", "chars"]),
     ([*CPU, "--master-addr", "a b;c", SCRIPT], ["--master-addr", "host name or an IP"]),
-    ([*CPU, "--launcher-args", "'unbalanced", SCRIPT], ["--launcher-args", "no closing quotation"]),
+    ([*CPU, "--launcher-args", "'unbalanced", SCRIPT], ["--launcher-args", "No closing quotation"]),
     # messages that say what is wrong
     ([*CPU, "--card", "2", SCRIPT], ["no such option: '--card' (did you mean --cards?)"]),
     ([*CPU, "--hang-timout", "2", SCRIPT], ["did you mean --hang-timeout?"]),
@@ -194,3 +194,12 @@ class TestEnvFile:
         (tmp_path / "hosts").write_text("localhost slots=1\n")
         _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr",
                  "127.0.0.1", "--dry-run", SCRIPT, needles=("larger than 1024 KiB",))
+
+
+def test_a_working_directory_removed_under_the_shell(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    launcher = " ".join(f"'{w}'" for w in npu_launch_argv(*CPU, "--dry-run", SCRIPT))
+    result = subprocess.run(["sh", "-c", f"cd '{gone}' && rmdir '{gone}' && exec {launcher}"],
+                            capture_output=True, text=True, timeout=120)
+    assert_one_line_error(result, "the working directory no longer exists")

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 from typing import Mapping, Optional, Protocol
 
+from launcher.backends.common import split_ssh_options
 from launcher.cluster import AgentLaunch
 from launcher.hostfile import HostSelection
 from launcher.plan import LaunchPlan
@@ -48,6 +49,7 @@ class HostfileBackend:
     """A backend whose hosts come from a hostfile (ssh, OpenMPI)."""
 
     def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
+        split_ssh_options(options.ssh_options)  # refused here, before anything starts
         self._hosts = hosts
         self._options = options
 

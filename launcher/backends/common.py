@@ -1,10 +1,11 @@
-"""Pieces the backends share: the agent's command line and its spec."""
+"""Pieces the backends share: the agent's command line and its spec, the ssh options."""
 from __future__ import annotations
 
 import os
 from typing import Optional, Sequence
 
 from launcher import contract
+from launcher.limits import shell_words
 from launcher.plan import LaunchPlan, ProcessSpec, Role
 
 AGENT_MODULE = "launcher.agent"
@@ -35,3 +36,9 @@ def write_payload_file(plan: LaunchPlan, payload: bytes) -> str:
 
 def python_of(plan: LaunchPlan) -> str:
     return plan.ranks[0].argv[0]
+
+
+def split_ssh_options(options: Sequence[str]) -> tuple[str, ...]:
+    """The words of the ``--ssh-option`` values, each split as a shell would (``-F "a b"``);
+    ``ConfigError`` for a bad one (see ``limits.shell_words``)."""
+    return tuple(word for option in options for word in shell_words("--ssh-option", option))

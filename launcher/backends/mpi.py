@@ -3,14 +3,25 @@ from __future__ import annotations
 
 import os
 
-from launcher.backends import HostfileBackend, LauncherKind
+from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
 from launcher.cluster import AgentLaunch
+from launcher.errors import ConfigError
+from launcher.hostfile import HostSelection
 from launcher.plan import LaunchPlan
 
 
 class MpiBackend(HostfileBackend):
     kind = LauncherKind.MPI
+
+    def __init__(self, hosts: list[HostSelection], options: TransportOptions) -> None:
+        with_user = next((h for h in hosts if h.user), None)
+        if with_user is not None:
+            # mpirun's --host takes no login name: dropping it would log in as someone else.
+            raise ConfigError(f"--launcher mpi: mpirun cannot log in as {with_user.user!r} on "
+                              f"{with_user.host} (drop 'user@' from the hostfile and set User "
+                              "in ~/.ssh/config)")
+        super().__init__(hosts, options)
 
     def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
         hosts = ",".join(f"{h.host}:1" for h in self._hosts)

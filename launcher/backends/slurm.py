@@ -8,8 +8,11 @@ from launcher.backends import LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
 from launcher.cluster import AgentLaunch
 from launcher.errors import ConfigError
-from launcher.hostfile import HostSelection
+from launcher.hostfile import HostSelection, check_host_name
+from launcher.limits import MAX_NODES, shown
 from launcher.plan import LaunchPlan
+
+SCONTROL_TIMEOUT = 30.0
 
 
 def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
@@ -18,13 +21,35 @@ def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
     if not nodelist:
         raise ConfigError("--launcher slurm: not inside a Slurm allocation "
                           "(SLURM_JOB_NODELIST is not set)")
+    if nodelist.startswith("-"):  # scontrol would take it for one of its options
+        raise ConfigError(f"--launcher slurm: node list {shown(nodelist)} starts with '-'")
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, check=True, env=dict(environ)).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise ConfigError(f"--launcher slurm: cannot expand {nodelist!r} with scontrol: "
-                          f"{getattr(e, 'stderr', '') or e}".strip()) from None
-    return out.split()
+                             text=True, check=True, env=dict(environ),
+                             timeout=SCONTROL_TIMEOUT).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"--launcher slurm: cannot expand {shown(nodelist)} with scontrol: "
+                          f"{_complaint(e)}".strip()) from None
+    return _checked(out.split(), nodelist)
+
+
+def _complaint(e: BaseException) -> str:
+    """scontrol's last line of stderr (text only: a timeout may hold bytes), else the error."""
+    stderr = getattr(e, "stderr", None)
+    lines = stderr.strip().splitlines() if isinstance(stderr, str) else []
+    return (lines[-1] if lines else str(e))[:200]
+
+
+def _checked(names: list[str], nodelist: str) -> list[str]:
+    """Node names go on srun's command line and into log paths: the hostfile's rules apply."""
+    if len(names) > MAX_NODES:
+        raise ConfigError(f"--launcher slurm: the allocation has {len(names)} nodes, more than "
+                          f"the {MAX_NODES} a job may have")
+    for name in names:
+        problem = check_host_name(name)
+        if problem is not None:
+            raise ConfigError(f"--launcher slurm: {shown(nodelist)}: {problem}")
+    return names
 
 
 class SlurmBackend:
@@ -34,6 +59,8 @@ class SlurmBackend:
                  options: TransportOptions) -> None:
         names = allocation_hosts(environ)
         if nnodes is not None:
+            if nnodes < 1:
+                raise ConfigError(f"--nnodes {nnodes}: must be at least 1")
             if nnodes > len(names):
                 raise ConfigError(f"--nnodes {nnodes}: the allocation has {len(names)} node(s)")
             names = names[:nnodes]
