@@ -1,0 +1,267 @@
+"""The CLI surface under generated and mutated input (issue 10's property).
+
+For every input, run through the real ``npu-launch`` in its own process under a memory bound:
+exit 0 or 2, no traceback, and on exit 2 one ``npu-launch: error:`` line, no process started
+(the script leaves a marker when it runs) and no log directory made. The inputs are options
+(the command's own, misspelt ones, values of every kind), hostfiles, YAML job configs, rank
+tables and report directories, each written fresh for the example.
+
+``NPU_LAUNCH_PROPERTY_EXAMPLES`` sets the number of examples per test (default 60: CI runs 300
+in all, in about two minutes here).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import psutil
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv
+from launcher.cli import run_command
+
+EXAMPLES = int(os.environ.get("NPU_LAUNCH_PROPERTY_EXAMPLES", "60"))
+MEMORY_BOUND = 1 << 30
+"""Address space of the launcher process: an input that makes it allocate without bound fails
+the example instead of the machine."""
+HANG_GUARD = 60.0
+"""Seconds; not a speed check, only what tells a hang from a slow machine."""
+
+MARKER_SCRIPT = "import os, sys\nopen(f'ran-{os.getpid()}', 'w').write(repr(sys.argv))\n"
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+HOSTILE = ["", "-", "--", "²", "١٢", "9" * 5000, "9" * 30, "-1", "0", "1", "2", "nan", "inf",
+           "1e308", "a;touch PWNED", "$(touch PWNED)", "`touch PWNED`", "'", '"', "a\nb",
+           "x" * 20_000, "..", "../..", "/", "node1:²", "node1:0,2@node2", "all", "none", "0,3",
+           "\x01", "🙂", "-x.py", "data", "semi", "cpu", "npu", "auto", "ssh", "local", "K=V",
+           "1X=1", "PYTHONPATH=/x", "RANK=1"]
+VALUE = st.one_of(st.sampled_from(HOSTILE), st.integers(-3, 70).map(str),
+                  st.text(max_size=40).filter(lambda t: "\0" not in t))
+RUN_OPTIONS = [p for p in run_command.params if hasattr(p, "opts")]
+FLAGS = [p.opts[0] for p in RUN_OPTIONS if getattr(p, "is_flag", False)]
+VALUED = [p.opts[0] for p in RUN_OPTIONS if not getattr(p, "is_flag", False)
+          and p.opts[0] not in ("--hostfile", "--config", "--rank-table")]
+
+
+@dataclasses.dataclass
+class Outcome:
+    code: int
+    stderr: str
+    workdir: Path
+    ran: bool
+
+
+def run_in(workdir: Path, args: list[str]) -> Outcome:
+    """npu-launch in ``workdir``, under the memory bound; whether the marker script ran."""
+    def bound() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BOUND, MEMORY_BOUND))
+
+    proc = subprocess.run(npu_launch_argv(*args), cwd=workdir, capture_output=True, text=True,
+                          errors="replace", timeout=HANG_GUARD, preexec_fn=bound)
+    return Outcome(proc.returncode, proc.stderr, workdir,
+                   any(workdir.glob("**/ran-*")))
+
+
+def assert_contract(outcome: Outcome, one_line: bool = True) -> None:
+    err = outcome.stderr
+    assert "Traceback" not in err, err[-3000:]
+    assert outcome.code in (0, 2), f"exit {outcome.code}: {err[-2000:]}"
+    if outcome.code == 2:
+        lines = err.strip().splitlines()
+        assert lines and lines[-1].startswith("npu-launch: error: "), err[-2000:]
+        if one_line:
+            assert len(lines) == 1, err[-2000:]
+        assert not outcome.ran, "a refused launch started its script"
+        assert not list(outcome.workdir.glob("**/npu_launch_logs")), "a refused launch made logs"
+        assert not (outcome.workdir / "given_logs").exists(), "a refused launch made --log-dir"
+    assert not list(outcome.workdir.glob("**/PWNED")), "a value reached a shell"
+    assert not _processes_in(outcome.workdir), "a process of the launch outlived it"
+
+
+def _processes_in(workdir: Path) -> list[psutil.Process]:
+    left = []
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd") or ""
+        if cwd.startswith(str(workdir)):
+            left.append(proc)
+    return left
+
+
+@st.composite
+def option_words(draw: st.DrawFn, real_run: bool) -> list[str]:
+    """A few options of the run command with values of every kind, and misspelt ones."""
+    words: list[str] = []
+    for _ in range(draw(st.integers(0, 5))):
+        kind = draw(st.sampled_from(["flag", "valued", "valued", "misspelt"]))
+        if real_run:
+            option = draw(st.sampled_from(["--console", "--job-id", "--env", "--cards"]))
+            value = draw(VALUE)
+            if option == "--env":
+                value = f"NPU_TEST_VALUE={value}"
+            if option == "--cards":
+                value = draw(st.sampled_from(["1", "2", "0", "65", "²", "9" * 40]))
+            words += [option, value]
+        elif kind == "flag":
+            words.append(draw(st.sampled_from(FLAGS)))
+        elif kind == "valued":
+            words += [draw(st.sampled_from(VALUED)), draw(VALUE)]
+        else:
+            words += [draw(st.sampled_from(VALUED + FLAGS)) + draw(st.sampled_from(["s", "x"])),
+                      draw(VALUE)]
+    return words
+
+
+def _script(workdir: Path) -> str:
+    (workdir / "train.py").write_text(MARKER_SCRIPT)
+    return "train.py"
+
+
+@contextlib.contextmanager
+def fresh_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="npu-prop-") as folder:
+        yield Path(folder)
+
+
+@given(real_run=st.booleans(), data=st.data())
+@PROPERTY
+def test_options(real_run: bool, data: st.DataObject) -> None:
+    with fresh_dir() as workdir:
+        words = data.draw(option_words(real_run))
+        fixed = ["--device", "cpu", "--log-dir", str(workdir / "given_logs")]
+        tail = [] if real_run else ["--dry-run"]
+        args = [*fixed, *words, *tail, _script(workdir), *data.draw(st.lists(VALUE, max_size=3))]
+        assert_contract(run_in(workdir, args))
+
+
+HOST_LINES = ["node1 slots=2", "admin@node2 slots=8", "# comment", "", "node3 slots=²",
+              "node4 slots=" + "9" * 5000, "NODE1 slots=1", "-oProxyCommand=x slots=1",
+              "a;b slots=1", "node5", "node6 slots=1 extra", "x" * 300 + " slots=1",
+              "node7 slots=1000000000", "u$(x)@node8 slots=1"]
+
+
+@given(lines=st.lists(st.one_of(st.sampled_from(HOST_LINES), st.text(max_size=60)),
+                      max_size=8),
+       junk=st.binary(max_size=64), data=st.data())
+@PROPERTY
+def test_hostfiles(lines: list[str], junk: bytes, data: st.DataObject) -> None:
+    with fresh_dir() as workdir:
+        (workdir / "hosts").write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") +
+                                        (junk if data.draw(st.booleans()) else b""))
+        filters = data.draw(st.lists(st.sampled_from(["--include", "--exclude", "--nnodes"]),
+                                     max_size=2, unique=True))
+        words = [w for f in filters for w in (f, data.draw(VALUE))]
+        args = ["--device", "cpu", "--hostfile", "hosts", "--no-preflight", "--master-addr",
+                "127.0.0.1", "--log-dir", str(workdir / "given_logs"), *words, "--dry-run",
+                _script(workdir)]
+        assert_contract(run_in(workdir, args))
+
+
+YAML_VALUE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True),
+              st.sampled_from(HOSTILE)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["mode", "dp", "A", "1X", "seed"]),
+                                            inner, max_size=3)),
+    max_leaves=6)
+CONFIG_KEYS = ["cards", "device", "console", "kill-timeout", "env", "script", "script_args",
+               "parallel", "job-id", "hostfile", "seed", "dry-run", "max-restarts", "shards"]
+RAW_YAML = ["a: &a [*a, *a]\n", "cards: !!python/object/apply:os.system ['touch PWNED']\n",
+            "cards: !!int abc\n", "a: " + "[" * 2000 + "]" * 2000 + "\n", "? [a]\n: 1\n",
+            "cards: 1\ncards: 2\n", "- a\n- b\n", "\tcards: 1\n", "cards: 0x10\n",
+            "env: {A: 1, A: 2}\n", "parallel: {mode: semi, mp: 3}\n"]
+
+
+@given(values=st.dictionaries(st.sampled_from(CONFIG_KEYS), YAML_VALUE, max_size=4),
+       raw=st.one_of(st.none(), st.sampled_from(RAW_YAML)))
+@PROPERTY
+def test_config_files(values: dict[str, Any], raw: Optional[str]) -> None:
+    with fresh_dir() as workdir:
+        text = raw if raw is not None else yaml.safe_dump(values)
+        (workdir / "job.yaml").write_text(text)
+        args = ["--device", "cpu", "--log-dir", str(workdir / "given_logs"), "--config", "job.yaml",
+                "--dry-run", _script(workdir)]
+        assert_contract(run_in(workdir, args))
+
+
+def _mutate(document: Any, data: st.DataObject) -> Any:
+    """One value somewhere in a JSON document replaced by another of any type."""
+    if isinstance(document, (dict, list)) and document and data.draw(st.booleans()):
+        keys = list(document) if isinstance(document, dict) else list(range(len(document)))
+        key = data.draw(st.sampled_from(keys))
+        document[key] = _mutate(document[key], data)
+        return document
+    return data.draw(st.one_of(st.none(), st.booleans(), st.integers(-2, 10**20),
+                               st.floats(allow_nan=True), st.sampled_from(HOSTILE),
+                               st.just([]), st.just({})))
+
+
+@given(example=st.sampled_from(sorted(p.name for p in RANK_TABLE_EXAMPLES.glob("*.json"))),
+       mutations=st.integers(0, 3), raw=st.one_of(st.none(), st.sampled_from(
+           ["", "{", "[" * 100_000, '{"version": "9.9"}', "\xff", "1e999999", "9" * 5000])),
+       data=st.data())
+@PROPERTY
+def test_rank_tables(example: str, mutations: int, raw: Optional[str],
+                     data: st.DataObject) -> None:
+    with fresh_dir() as workdir:
+        document = json.loads((RANK_TABLE_EXAMPLES / example).read_text())
+        for _ in range(mutations):
+            document = _mutate(document, data)
+        text = raw if raw is not None else json.dumps(document)
+        (workdir / "table.json").write_text(text, errors="surrogateescape")
+        use = data.draw(st.sampled_from(["launch", "validate", "show"]))
+        if use == "launch":
+            args = ["--device", "cpu", "--rank-table", "table.json", "--server-id", "10.0.0.1",
+                    "--log-dir", str(workdir / "given_logs"), "--dry-run", _script(workdir)]
+        else:
+            args = ["rank-table", use, "table.json"]
+        assert_contract(run_in(workdir, args), one_line=use != "validate")
+
+
+SUMMARY = {
+    "job_id": "j", "outcome": "succeeded", "exit_code": 0, "message": "finished",
+    "started_at": 1796122166.5, "ended_at": 1796122170.8, "duration_s": 4.3, "stall": None,
+    "world_size": 2, "global_samples_per_s": 800.0, "last_step": 3, "exec_mode": "graph",
+    "ranks": [{"rank": r, "host": "vm", "exit_code": 0, "steps": 3, "final_loss": 0.5,
+               "samples_per_s": 400.0, "exec_mode": "graph",
+               "eval": {"epoch": 1, "step": 3, "loss": 0.4, "accuracy": 0.9, "samples": 10},
+               "evals": [], "last_event": "finished", "last_event_time": 1796122170.0}
+              for r in range(2)],
+    "checkpoints": [{"step": 3, "path": "ckpt/rank0/s3.ckpt", "rank": 0}],
+}
+METRICS = [{"event": "job", "job_id": "j", "time": 1796122166.5, "ranks": {"0": "vm", "1": "vm"}},
+           *({"event": "step", "rank": r, "step": s, "loss": 1.0 / s, "samples": 32,
+              "time": 1796122167.0 + s} for r in range(2) for s in range(1, 4)),
+           {"event": "eval", "rank": 0, "epoch": 1, "step": 3, "loss": 0.4, "accuracy": 0.9,
+            "samples": 10, "time": 1796122170.0}]
+
+
+@given(mutations=st.integers(0, 4), junk_lines=st.lists(st.text(max_size=40), max_size=3),
+       summary_raw=st.one_of(st.none(), st.sampled_from(["", "{", "[]", "NaN", "1e999"])),
+       data=st.data())
+@PROPERTY
+def test_report_directories(mutations: int, junk_lines: list[str],
+                            summary_raw: Optional[str], data: st.DataObject) -> None:
+    summary = json.loads(json.dumps(SUMMARY))
+    metrics = [json.loads(json.dumps(m)) for m in METRICS]
+    for _ in range(mutations):
+        summary = _mutate(summary, data)
+        index = data.draw(st.integers(0, len(metrics) - 1))
+        metrics[index] = _mutate(metrics[index], data)
+    with fresh_dir() as workdir:
+        job = workdir / "job"
+        job.mkdir()
+        (job / "summary.json").write_text(summary_raw if summary_raw is not None
+                                          else json.dumps(summary))
+        lines = [json.dumps(m) for m in metrics] + junk_lines
+        (job / "metrics.jsonl").write_text("\n".join(lines), errors="surrogateescape")
+        assert_contract(run_in(workdir, ["report", "job"]))
