@@ -15,7 +15,8 @@ from typing import Any, Iterator, Optional, Sequence
 import click
 from click.core import ParameterSource
 
-from launcher import __version__, contract
+from launcher import __version__
+from parallel import contract
 from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env_name,
                              check_known_keys, parse_env_pairs, read_config_file)
 from launcher.devices import DeviceKind
@@ -180,7 +181,7 @@ def _pointing_at(origins: dict[str, str]) -> Iterator[None]:
     (errors name their option first: ``--cards 100: ...``)."""
     try:
         yield
-    except ConfigError as e:
+    except (ConfigError, contract.BadInput) as e:
         option = e.message.split(" ", 1)[0].rstrip(":")
         if option in origins:
             raise ConfigError(f"{origins[option]}: {e.message}") from None
@@ -284,11 +285,11 @@ def _parallel_section(path: str, setting: FileSetting) -> dict[str, Any]:
     for key, value in section.items():
         try:
             ParallelConfig.from_mapping({key: value})
-        except ConfigError as e:
+        except contract.BadInput as e:
             raise ConfigError(f"{path}:{setting.line_of(key)}: {e.message}") from None
     try:
         ParallelConfig.from_mapping(section)
-    except ConfigError as e:
+    except contract.BadInput as e:
         raise ConfigError(f"{path}:{setting.line}: {e.message}") from None
     return section
 
@@ -377,6 +378,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except click.ClickException as e:
         click.echo(f"npu-launch: error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
+    except contract.BadInput as e:  # from the rank side's pure modules (a parallel layout)
+        click.echo(f"npu-launch: error: {one_line(e.message)}", err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the last line of defence, and it says so

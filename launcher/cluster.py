@@ -16,11 +16,12 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from launcher import contract, control
+from launcher import control
+from parallel import contract
 from launcher.config import ConsoleFilter
-from launcher.failures import Outcome
+from launcher.failures import Outcome, last_lines_block
 from launcher.monitor import Stall, describe_stall
-from launcher.output import Console, tail
+from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.process import Exit, ProcessGroup
 from launcher.supervisor import JobResult, restore_signal_handlers, STOP_SIGNALS
@@ -185,6 +186,5 @@ def _agent_failure(exit_: Exit, job_id: str) -> tuple[int, str]:
     code = 128 - exit_.returncode if exit_.returncode < 0 else exit_.returncode
     lines = [f"npu-launch: job {job_id} failed: the agent for {exit_.spec.host} "
              f"(pid {exit_.pid}) exited with code {exit_.returncode} without a result",
-             f"  last lines of {exit_.spec.log_path}:"]
-    lines += [f"    | {l}" for l in tail(exit_.spec.log_path, 10)] or ["    | (empty)"]
+             *last_lines_block(exit_.spec.log_path, 10)]
     return code or 1, "\n".join(lines)

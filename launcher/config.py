@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from launcher import contract, limits
+from launcher import limits
+from parallel import contract
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from launcher.limits import shown
@@ -32,11 +33,12 @@ class ConsoleFilter:
             return cls(None)
         if text == "none":
             return cls(frozenset())
-        ranks = [limits.whole_number(part.strip()) for part in text.split(",")]
-        if None in ranks:
+        parts = text.split(",")
+        ranks = [r for r in (limits.whole_number(part.strip()) for part in parts) if r is not None]
+        if len(ranks) != len(parts):
             raise ConfigError(f"--console {text[:limits.MAX_SHOWN]}: expected 'all', 'none' or ranks like "
                               "0,3")
-        return cls(frozenset(ranks))  # type: ignore[arg-type]
+        return cls(frozenset(ranks))
 
     def check_world(self, world_size: int) -> None:
         """Refuse ranks the job does not have (a filter that would show nothing by accident)."""
@@ -97,7 +99,7 @@ class LaunchConfig:
         self._check_names()
         self._check_combinations()
         if self.node_rank is not None:
-            self._check_manual_node()
+            self._check_manual_node(self.node_rank)
         for key, value in self.env:
             check_env_name(key)
             _check_text(f"--env {key}", value)
@@ -169,11 +171,11 @@ class LaunchConfig:
             if value is not None and not self.hostfile:
                 raise ConfigError(f"{option} filters the hosts of a --hostfile; none given")
 
-    def _check_manual_node(self) -> None:
+    def _check_manual_node(self, node_rank: int) -> None:
         """``--node-rank`` starts this node's share of a job started by hand on every node."""
         if self.hostfile:
             raise ConfigError("--node-rank goes without --hostfile (node 0 starts the others)")
-        if self.nnodes is None or not 0 <= self.node_rank < self.nnodes:  # type: ignore[operator]
+        if self.nnodes is None or not 0 <= node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank}: needs --nnodes N with "
                               "0 <= node rank < N")
         if not self.master_addr or self.master_port is None:

@@ -7,10 +7,9 @@ import os
 import re
 from typing import Mapping
 
-from launcher import contract
+from parallel import contract
 from launcher.errors import ConfigError
 
-DEVFS_ENV = "NPU_LAUNCH_DEVFS"
 """Where to look for ``davinciN`` nodes instead of ``/dev``: lets tests stand in for a host
 with cards by creating plain files named like the driver's device nodes."""
 
@@ -36,7 +35,7 @@ class Card:
 
 def find_cards(environ: Mapping[str, str]) -> tuple[Card, ...]:
     """The cards a process started with ``environ`` may use, in logical order."""
-    devfs = environ.get(DEVFS_ENV, "/dev")
+    devfs = environ.get(contract.DEVFS, "/dev")
     try:
         names = os.listdir(devfs)
     except OSError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from launcher import contract
+from parallel import contract
 from launcher.errors import ConfigError
 from launcher.limits import read_bounded_text, shown, ENV_NAME
 

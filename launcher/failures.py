@@ -107,11 +107,16 @@ def describe_failure(failure: Failure, job_id: str) -> str:
              f"{failure.how()}"]
     if failure.report:
         lines.append(f"  {failure.report.exception}: {failure.report.message}")
-        lines += [f"    {l}" for l in _last_frames(failure.report.traceback)]
+        lines += [f"    {line}" for line in _last_frames(failure.report.traceback)]
     if os.path.exists(spec.log_path):
-        lines.append(f"  last lines of {spec.log_path}:")
-        lines += [f"    | {l}" for l in tail(spec.log_path, LOG_TAIL_LINES)] or ["    | (empty)"]
+        lines += last_lines_block(spec.log_path, LOG_TAIL_LINES)
     return "\n".join(lines)
+
+
+def last_lines_block(path: str, count: int) -> list[str]:
+    """``  last lines of PATH:`` and the file's last ``count`` lines, for a root-cause block."""
+    return [f"  last lines of {path}:",
+            *([f"    | {line}" for line in tail(path, count)] or ["    | (empty)"])]
 
 
 def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_id: str,
@@ -127,8 +132,7 @@ def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_i
     lines = [f"npu-launch: job {job_id} stopped after {waited:g} s (--startup-timeout): "
              + "; ".join(parts)]
     for spec in (never or waiting)[:4]:
-        lines.append(f"  last lines of {spec.log_path}:")
-        lines += [f"    | {l}" for l in tail(spec.log_path, 5)] or ["    | (empty)"]
+        lines += last_lines_block(spec.log_path, 5)
     return "\n".join(lines)
 
 
@@ -137,5 +141,5 @@ def _names(specs: Sequence[ProcessSpec]) -> str:
 
 
 def _last_frames(traceback_text: str, count: int = 6) -> list[str]:
-    frames = [l for l in traceback_text.rstrip().splitlines()[1:-1] if l.strip()]
+    frames = [line for line in traceback_text.rstrip().splitlines()[1:-1] if line.strip()]
     return frames[-count:]

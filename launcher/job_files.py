@@ -19,7 +19,8 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Sequenc
 from launcher.errors import LaunchError
 from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN,
                              whole_number)
-from launcher.monitor import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobState, exec_mode_of
+from launcher.monitor import JobState, build_summary, exec_mode_of
+from parallel.contract import EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 from parallel.config import ExecMode
 from rank_tables.bounded import (JSON_DECODER, LongNumber, UnreadableFile, display_name,
                                  parse_json, read_text)
@@ -207,7 +208,7 @@ class _Fields:
             self.notes.add(self.file, f"{self.where}{key}", f"not a list, got {_shown_value(value)}")
             return []
         self.read += 1
-        found = []
+        found: list[tuple[str, Mapping[str, Any]]] = []
         for index, item in enumerate(value):
             where = f"{self.where}{key}[{index}]"
             if isinstance(item, dict):
@@ -467,8 +468,5 @@ def derive_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     times = [r["time"] for r in records if "time" in r]
     for record in records:
         state.apply(record, record.get("time", 0.0))
-    return {"job_id": job.get("job_id", "?"), "outcome": "unknown", "exit_code": None,
-            "message": "", "started_at": min(times, default=None),
-            "ended_at": max(times, default=None),
-            "duration_s": max(times) - min(times) if times else None, "stall": None,
-            **state.summary()}
+    return build_summary(job.get("job_id", "?"), state, min(times, default=None),
+                         max(times, default=None), "unknown", None)

@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
-from launcher import contract, ports
+from launcher import ports
+from parallel import contract
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
 from launcher.backends.mpi import MpiBackend

@@ -15,6 +15,9 @@ import stat
 from typing import Optional
 
 from launcher.errors import ConfigError
+from parallel.contract import MAX_SHOWN, shown
+
+__all__ = ["MAX_SHOWN", "shown"]  # re-exported: the host side takes its bounds from here
 
 MAX_RANKS_PER_NODE = 64
 """``--cards`` and hostfile ``slots``: an Ascend server holds 8 or 16 cards; CPU ranks on one
@@ -32,18 +35,10 @@ MAX_JSON_DEPTH = 32
 MAX_TIMEOUT = 7 * 24 * 3600.0
 """Seconds: the longest timeout that is not a typo (a week)."""
 MAX_RESTARTS = 1000
-MAX_SHOWN = 80
-"""Characters of a user's value echoed in an error message."""
 
 _WHOLE = re.compile(r"[0-9]{1,12}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """An environment variable a user may name: ASCII, as POSIX shells accept."""
-
-
-def shown(value: object) -> str:
-    """``repr`` of a value for an error message, cut to ``MAX_SHOWN`` characters."""
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}...({len(text)} chars)"
 
 
 def whole_number(text: str) -> Optional[int]:

@@ -41,15 +41,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
 
-from launcher import contract
+from parallel import contract
 from parallel.config import ExecMode
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-EVENT_EXITED = "exited"
-"""The monitor's own record in metrics.jsonl when a local rank exits (``returncode``)."""
-EVENT_JOB = "job"
-"""The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
+from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
@@ -246,12 +241,12 @@ def find_stall(ranks: Iterable[RankState], now: float, timeout: float) -> Option
     """The rank silent longest beyond ``timeout`` while another stepped within it, if any."""
     states = list(ranks)
     recent = {s.rank for s in states if s.stepped_at is not None and now - s.stepped_at <= timeout}
-    silent = [s for s in states if not s.done and s.progress_at is not None
+    silent = [(s.progress_at, s.rank, s) for s in states if not s.done and s.progress_at is not None
               and now - s.progress_at > timeout and recent - {s.rank}]
     if not silent:
         return None
-    worst = min(silent, key=lambda s: (s.progress_at, s.rank))
-    return Stall(worst.rank, worst.host, worst.step, now - worst.progress_at)  # type: ignore[operator]
+    since, _, worst = min(silent, key=lambda item: item[:2])
+    return Stall(worst.rank, worst.host, worst.step, now - since)
 
 
 def status_line(ranks: Iterable[RankState]) -> Optional[str]:
@@ -263,7 +258,7 @@ def status_line(ranks: Iterable[RankState]) -> Optional[str]:
     if not parts:
         return None
     if {s.exec_mode for s in states} - {None, ExecMode.GRAPH}:
-        parts.append(describe_modes({s.rank: s.exec_mode for s in states}))  # type: ignore[arg-type]
+        parts.append(describe_modes({s.rank: s.exec_mode for s in states}) or "")
     return " | ".join(parts)
 
 
@@ -272,16 +267,16 @@ def _progress(states: list[RankState]) -> list[str]:
     stepped = [s for s in states if s.step is not None]
     if not stepped:
         return []
-    steps = sorted(s.step for s in stepped)  # type: ignore[type-var]
+    steps = sorted(s.step for s in stepped if s.step is not None)
     parts = [f"step {steps[0]}" if steps[0] == steps[-1] else f"step {steps[0]}-{steps[-1]}"]
     losses = [s.loss for s in stepped if s.loss is not None]
     if losses:
         parts.append(f"loss {_number(sum(losses) / len(losses))}")
-    rated = [s for s in stepped if s.samples_per_s is not None]
+    rated = {s.rank: s.samples_per_s for s in stepped if s.samples_per_s is not None}
     if rated:
-        parts.append(f"{sum(s.samples_per_s for s in rated):.0f} samples/s")  # type: ignore[misc]
+        parts.append(f"{sum(rated.values()):.0f} samples/s")
     if len(rated) > 1:
-        parts.append(f"slowest rank {min(rated, key=lambda s: s.samples_per_s).rank}")  # type: ignore[arg-type, return-value]
+        parts.append(f"slowest rank {min(rated, key=lambda rank: rated[rank])}")
     held_out = describe_evals([s.last_eval for s in states if s.last_eval is not None])
     return parts + ([held_out] if held_out else [])
 
@@ -501,12 +496,20 @@ class JobMonitor:
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
 
     def _build_summary(self, outcome: str, exit_code: int, message: str) -> dict[str, Any]:
-        ended = self._clock()
-        return {"job_id": self._job_id, "outcome": str(getattr(outcome, "value", outcome)),
-                "exit_code": exit_code, "message": message, "started_at": self._started,
-                "ended_at": ended, "duration_s": ended - self._started,
-                "stall": dataclasses.asdict(self._first_stall) if self._first_stall else None,
-                **self._state.summary()}
+        return build_summary(self._job_id, self._state, self._started, self._clock(),
+                             str(getattr(outcome, "value", outcome)), exit_code, message,
+                             self._first_stall)
+
+
+def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
+                  outcome: str, exit_code: Optional[int], message: str = "",
+                  stall: Optional[Stall] = None) -> dict[str, Any]:
+    """The summary.json document: the one place that builds it, for the monitor at the end of a
+    job and for ``npu-launch report`` rebuilding it from metrics.jsonl."""
+    duration = ended - started if started is not None and ended is not None else None
+    return {"job_id": job_id, "outcome": outcome, "exit_code": exit_code, "message": message,
+            "started_at": started, "ended_at": ended, "duration_s": duration,
+            "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
 
 
 def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:

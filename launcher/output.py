@@ -78,10 +78,13 @@ class Pump(threading.Thread):
         return True
 
     def _split_lines(self, chunk: bytes) -> None:
+        on_line = self._on_line
+        if on_line is None:
+            return
         had_pending = bool(self._pending)
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         for line in lines:
-            self._on_line(_latest_state(line))  # type: ignore[misc]
+            on_line(_latest_state(line))
         if lines:
             self._shown_pending = b""
         if lines or not had_pending:  # the text now pending started just now
@@ -116,7 +119,7 @@ def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> list[str]:
             data = f.read()
     except OSError:
         return []
-    text = [_latest_state(l).decode(errors="replace") for l in data.split(b"\n")]
+    text = [_latest_state(line).decode(errors="replace") for line in data.split(b"\n")]
     while text and not text[-1].strip():
         text.pop()
     return text[-lines:]

@@ -10,9 +10,9 @@ import enum
 import json
 import os
 import shlex
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from launcher import contract
+from parallel import contract
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
 
@@ -161,10 +161,10 @@ def _spec_from_dict(data: dict) -> ProcessSpec:
     return ProcessSpec(**{**data, "role": Role(data["role"]), "argv": tuple(data["argv"])})
 
 
-def _json_default(value: object) -> object:
+def _json_default(value: Any) -> object:
     if isinstance(value, enum.Enum):
         return value.value
-    return dict(value)  # type: ignore[call-overload]
+    return dict(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,7 +54,7 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
     local = probe.report(None)
-    names = [facts.get("hostname") for facts, _ in answers if facts]
+    names = [str(facts.get("hostname")) for facts, _ in answers if facts]
     return [HostCheck(h.host, facts, tuple(_problems(h, facts, error, local, names, device,
                                                       i == 0 and master_port is not None)))
             for i, (h, (facts, error)) in enumerate(zip(hosts, answers))]
@@ -100,7 +100,7 @@ def _problems(host: HostSelection, facts: Optional[dict], error: str, local: dic
             problems.append(f"{what} {facts.get(key)} here, {local.get(key)} on node 0")
     if device is DeviceKind.NPU and facts.get("cards", 0) < len(host.cards):
         problems.append(f"{facts.get('cards')} card(s) for {len(host.cards)} slot(s)")
-    if names.count(facts.get("hostname")) > 1:
+    if names.count(str(facts.get("hostname"))) > 1:
         problems.append(f"hostname {facts.get('hostname')} is not unique")
     if check_port and facts.get("port_free") is False:
         problems.append("master port in use")
@@ -108,7 +108,7 @@ def _problems(host: HostSelection, facts: Optional[dict], error: str, local: dic
 
 
 def _last_line(text: str) -> str:
-    lines = [l for l in text.strip().splitlines() if l.strip()]
+    lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 

@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 
 import psutil
 
-from launcher import contract
+from parallel import contract
 from launcher.output import LineSink, Pump
 from launcher.plan import ProcessSpec
 
@@ -138,13 +138,13 @@ class ProcessGroup:
         """Close the stdin of processes fed through a pipe (node agents) and give them time to
         stop their own ranks: killing the ssh client at once would leave the remote side
         unattended while it tears down."""
-        piped = [proc for _, proc in self._running.values() if proc.stdin is not None]
-        for proc in piped:
+        pipes = [proc.stdin for _, proc in self._running.values() if proc.stdin is not None]
+        for pipe in pipes:
             try:
-                proc.stdin.close()  # type: ignore[union-attr]
+                pipe.close()
             except OSError:
                 pass
-        if not piped:
+        if not pipes:
             return []
         return self._wait_until(time.monotonic() + grace + 5.0)
 

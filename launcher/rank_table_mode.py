@@ -14,7 +14,8 @@ from typing import Mapping, Optional, Sequence
 
 import psutil
 
-from launcher.devices import DEVFS_ENV, Card, DeviceKind
+from launcher.devices import Card, DeviceKind
+from parallel import contract
 from launcher.errors import ConfigError
 from launcher.limits import shown
 from launcher.plan import RankAssignment
@@ -43,7 +44,7 @@ def load_or_generate(option: str, cards: Optional[int], environ: Mapping[str, st
     config = GenerateConfig(server_id=server_id or this_host_ip())
     # The driver's tool folder first, then PATH: hccn_tool is often only in the former.
     tools = os.pathsep.join((ASCEND_TOOL_DIR, environ.get("PATH", "")))
-    host = AscendHost(devfs=Path(environ.get(DEVFS_ENV, "/dev")), tool_path=tools)
+    host = AscendHost(devfs=Path(environ.get(contract.DEVFS, "/dev")), tool_path=tools)
     table = generate_server(config, host).table
     if cards is not None:
         devices = table.servers[0].devices[:cards]

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, TextIO
 
 import click
 
-from launcher import contract
+from parallel import contract
 from launcher.errors import LaunchError
 from launcher.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, \
     summary_from_metrics
@@ -91,7 +91,7 @@ def step_series(records: list[dict[str, Any]]) -> list[Series]:
             continue
         hosts.setdefault(r["rank"], r.get("host", "?"))
         rows.setdefault(r["rank"], []).append((r["step"], r.get("loss"), r.get("samples_per_s")))
-    return [Series(r, hosts[r], *map(tuple, zip(*rows[r]))) for r in sorted(rows)]  # type: ignore[arg-type]
+    return [Series(r, hosts[r], *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
 
 
 def eval_series(records: list[dict[str, Any]]) -> list[EvalSeries]:
@@ -100,7 +100,7 @@ def eval_series(records: list[dict[str, Any]]) -> list[EvalSeries]:
     for r in records:
         if r.get("event") == contract.EVENT_EVAL and "rank" in r and "step" in r:
             rows.setdefault(r["rank"], []).append((r["step"], r.get("loss"), r.get("accuracy")))
-    return [EvalSeries(r, *map(tuple, zip(*rows[r]))) for r in sorted(rows)]  # type: ignore[arg-type]
+    return [EvalSeries(r, *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
 
 
 # The table -------------------------------------------------------------------------------------

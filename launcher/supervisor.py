@@ -12,9 +12,9 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Mapping, Optional, TextIO
+from typing import Any, Callable, Mapping, Optional, TextIO
 
-from launcher import contract
+from parallel import contract
 from launcher.config import ConsoleFilter
 from launcher.events import EventTail
 from launcher.failures import (ErrorReport, Failure, Outcome, describe_failure, describe_stuck,
@@ -158,10 +158,10 @@ class Supervisor:
             return False
         now = time.time()
         running = {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
-        if not self._stalls.due(sorted(running), now):  # type: ignore[arg-type]
+        if not self._stalls.due(sorted(running), now):
             return False
         stacks = {r: self._by_rank[r].stack_path for r in running}
-        samples = sample_stacks(running, stacks, self._main_threads)  # type: ignore[arg-type]
+        samples = sample_stacks(running, stacks, self._main_threads)
         guilty = culprits(samples)
         silent = now - self._stalls.last_progress()
         if not guilty and self._plan.nnodes > 1 and silent < 2 * self._stalls.timeout:
@@ -198,7 +198,7 @@ class Supervisor:
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
         return sorted((s for s in group.running()
                        if s.rank is not None and s.rank not in self._initialised),
-                      key=lambda s: s.rank)  # type: ignore[arg-type, return-value]
+                      key=lambda s: s.rank or 0)  # every spec here has a rank
 
     def _read_events(self) -> None:
         for rank, tail in self._tails.items():
@@ -228,15 +228,15 @@ class Supervisor:
         elif outcome is Outcome.INTERRUPTED:
             code = 128 + (self._signal or 0)
             message = (f"npu-launch: job {job} stopped by "
-                       f"{signal.Signals(self._signal).name}: every process ended")  # type: ignore[arg-type]
+                       f"{signal.Signals(self._signal or 0).name}: every process ended")
         else:
             code = 0
             message = (f"npu-launch: job {job} finished: {len(self._tails)} rank(s) exited 0 "
                        f"in {time.time() - started:.1f} s; logs in {self._plan.log_dir}")
         return JobResult(outcome, code, cause, message, time.time())
 
-    def _install_signal_handlers(self) -> dict[int, object]:
-        previous = {}
+    def _install_signal_handlers(self) -> "SignalHandlers":
+        previous: SignalHandlers = {}
         for sig in STOP_SIGNALS:
             # Ctrl-C reaches a foreground rank through the terminal: pdb or the script decides.
             foreground_sigint = sig == signal.SIGINT and self._plan.foreground
@@ -273,9 +273,13 @@ def _reported(group: ProcessGroup) -> list[Failure]:
     return failures
 
 
-def restore_signal_handlers(previous: Mapping[int, object]) -> None:
+SignalHandlers = dict[signal.Signals, Any]
+"""What ``signal.signal`` returned for each signal, to put back when the job ends."""
+
+
+def restore_signal_handlers(previous: SignalHandlers) -> None:
     for sig, handler in previous.items():
-        signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.signal(sig, handler)
 
 
 def print_message(result: JobResult, stream: TextIO) -> None:

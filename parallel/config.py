@@ -4,7 +4,7 @@ Pure Python on purpose: the launcher imports this module to check a configuratio
 anything, and must not need MindSpore for that. ``ParallelConfig`` crosses to the ranks as JSON in
 ``contract.PARALLEL``.
 
-Rules ``validate`` enforces, each failure one ``ConfigError`` line naming the numbers:
+Rules ``validate`` enforces, each failure one ``LayoutError`` line naming the numbers:
 
 * ``dp * mp * pp == world size`` (``dp`` is filled in as ``world / (mp * pp)`` when left out);
 * ``micro_batches >= pp``: a pipeline needs at least one micro-batch per stage to keep every stage
@@ -24,8 +24,7 @@ import enum
 import json
 from typing import Any, Mapping, Optional
 
-from launcher.errors import ConfigError
-from launcher.limits import shown
+from parallel.contract import BadInput, shown
 
 
 class ParallelMode(str, enum.Enum):
@@ -73,6 +72,10 @@ class ExecMode(str, enum.Enum):
     PYNATIVE = "pynative"
 
 
+class LayoutError(BadInput):
+    """A parallel layout that cannot be: one line naming the numbers (exit 2 at the CLI)."""
+
+
 _INT_FIELDS = ("dp", "mp", "pp", "micro_batches", "global_batch", "seed")
 _BOOL_FIELDS = ("optimizer_shard", "gradients_mean", "full_batch")
 
@@ -114,7 +117,7 @@ class ParallelConfig:
         return self.global_batch if self.full_batch else self.global_batch // self.dp
 
     def validate(self, world_size: int, nnodes: int = 1) -> "ParallelConfig":
-        """Return a copy with ``dp`` resolved for ``world_size``; raise ``ConfigError`` if it cannot fit."""
+        """Return a copy with ``dp`` resolved for ``world_size``; raise ``LayoutError`` if it cannot fit."""
         _check_positive("world size", world_size)
         _check_positive("nnodes", nnodes)
         dp = self._resolve_dp(world_size)
@@ -130,49 +133,49 @@ class ParallelConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "ParallelConfig":
-        """Read what ``to_json`` wrote; a broken string raises ``ConfigError``."""
+        """Read what ``to_json`` wrote; a broken string raises ``LayoutError``."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"parallel config is not valid JSON: {exc}") from None
+            raise LayoutError(f"parallel config is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"parallel config must be a JSON object, got {type(data).__name__}")
+            raise LayoutError(f"parallel config must be a JSON object, got {type(data).__name__}")
         return cls.from_mapping(data)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "ParallelConfig":
-        """Build from a YAML ``parallel:`` section; an unknown key raises ``ConfigError`` naming it."""
+        """Build from a YAML ``parallel:`` section; an unknown key raises ``LayoutError`` naming it."""
         known = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in known:
-                raise ConfigError(f"parallel: unknown key {key!r} (known: {', '.join(known)})")
+                raise LayoutError(f"parallel: unknown key {key!r} (known: {', '.join(known)})")
         return cls(**dict(data))
 
     def _resolve_dp(self, world: int) -> int:
         model = self.mp * self.pp
         if self.dp is None:
             if world % model:
-                raise ConfigError(f"world size {world} is not divisible by mp*pp = "
+                raise LayoutError(f"world size {world} is not divisible by mp*pp = "
                                   f"{self.mp}*{self.pp} = {model}")
             return world // model
         if self.dp * model != world:
-            raise ConfigError(f"dp*mp*pp = {self.dp}*{self.mp}*{self.pp} = {self.dp * model} "
+            raise LayoutError(f"dp*mp*pp = {self.dp}*{self.mp}*{self.pp} = {self.dp * model} "
                               f"!= world size {world}")
         return self.dp
 
     def _check_mode(self) -> None:
         if self.mode is ParallelMode.DATA and (self.mp > 1 or self.pp > 1):
-            raise ConfigError(f"mode data needs mp = pp = 1, got mp = {self.mp}, pp = {self.pp}; "
+            raise LayoutError(f"mode data needs mp = pp = 1, got mp = {self.mp}, pp = {self.pp}; "
                               f"use mode semi or auto for model or pipeline parallelism")
         if self.mode is ParallelMode.DATA and self.full_batch:
-            raise ConfigError("full_batch applies to modes semi and auto only, not data")
+            raise LayoutError("full_batch applies to modes semi and auto only, not data")
 
     def _check_pipeline(self, nnodes: int) -> None:
         if self.micro_batches < self.pp:
-            raise ConfigError(f"micro_batches {self.micro_batches} < pp {self.pp}: a pipeline needs "
+            raise LayoutError(f"micro_batches {self.micro_batches} < pp {self.pp}: a pipeline needs "
                               f"at least one micro-batch per stage")
         if self.pp > 1 and nnodes > 1 and nnodes % self.pp and self.pp % nnodes:
-            raise ConfigError(f"pp {self.pp} stages do not divide {nnodes} nodes evenly: need "
+            raise LayoutError(f"pp {self.pp} stages do not divide {nnodes} nodes evenly: need "
                               f"nnodes % pp == 0 or pp % nnodes == 0")
 
     def _check_global_batch(self, dp: int) -> None:
@@ -180,16 +183,16 @@ class ParallelConfig:
             return
         step = dp * self.micro_batches
         if self.global_batch % step:
-            raise ConfigError(f"global batch {self.global_batch} is not divisible by "
+            raise LayoutError(f"global batch {self.global_batch} is not divisible by "
                               f"dp*micro_batches = {dp}*{self.micro_batches} = {step}")
 
 
-def _enum(kind: type, value: Any, name: str) -> Any:
+def _enum(kind: type[enum.Enum], value: Any, name: str) -> Any:
     try:
         return kind(value)
     except ValueError:
         choices = "|".join(member.value for member in kind)
-        raise ConfigError(f"parallel.{name}: {value!r} is not one of {choices}") from None
+        raise LayoutError(f"parallel.{name}: {value!r} is not one of {choices}") from None
 
 
 _MAX_SEED = 2**32 - 1  # numpy's and MindSpore's seeds are 32-bit
@@ -200,22 +203,22 @@ def _check_int(name: str, value: Any, optional: bool) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"parallel.{name}: expected an integer, got {value!r}")
+        raise LayoutError(f"parallel.{name}: expected an integer, got {value!r}")
     low, high = (0, _MAX_SEED) if name == "seed" else (1, _MAX_SIZE)
     if value < low:
-        raise ConfigError(f"parallel.{name}: must be >= {low}, got {value}")
+        raise LayoutError(f"parallel.{name}: must be >= {low}, got {value}")
     if value > high:
-        raise ConfigError(f"parallel.{name}: must be at most {high}, got {shown(value)}")
+        raise LayoutError(f"parallel.{name}: must be at most {high}, got {shown(value)}")
 
 
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise ConfigError(f"parallel.{name}: expected true or false, got {value!r}")
+        raise LayoutError(f"parallel.{name}: expected true or false, got {value!r}")
 
 
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise LayoutError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _plain(value: Any) -> Any:

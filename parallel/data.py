@@ -136,7 +136,8 @@ def sharded_dataset(source: Source, info: RankInfo, batch_size: int, shuffle: bo
     ``info`` decides the shard (``info.shard``: ``dp`` shards under semi/auto, one under
     ``full_batch``). ``policy`` defaults to ``info.config.shard_policy``; ``drop_remainder``
     defaults to True under drop (so up to ``batch_size - 1`` more samples per rank go unread),
-    False under pad (the last batch is then short on every rank alike). ``epoch`` is the epoch the first iteration reads (for resuming). ``transforms`` maps a
+    False under pad (the last batch is then short on every rank alike). ``epoch`` is the epoch
+    the first iteration reads (for resuming). ``transforms`` maps a
     column to the operations applied to it before batching; ``reader_options`` go to the reader's
     constructor (e.g. ``extensions`` for image folders). Image folders are decoded unless
     ``reader_options`` says ``decode=False``; Python sources run in threads unless it says

@@ -11,7 +11,7 @@ import socket
 import time
 from typing import Any, Optional
 
-from launcher import contract
+from parallel import contract
 
 _fd: Optional[int] = None
 _path: Optional[str] = None

@@ -30,7 +30,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, Sequence, Type
 
-from launcher import contract
+from parallel import contract
 from parallel import events
 
 _COMM_MODULE = "mindspore.communication.management"

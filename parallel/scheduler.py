@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from launcher import contract
+from parallel import contract
 
 
 def main() -> None:

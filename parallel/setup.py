@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import mindspore as ms
 
-from launcher import contract
+from parallel import contract
 from parallel import events
 from parallel.config import DeviceTarget, ExecMode, ParallelConfig, ParallelMode
 from parallel.topology import RankInfo, coordinates_of, groups_of
@@ -39,7 +39,7 @@ def init(config: Optional[ParallelConfig] = None, *,
     In debug mode or for a lone process (world size 1, no ``MS_ROLE``) there is no communication
     init. Raises ``NeedsAscendError`` before touching the cluster when the layout needs Ascend and
     the device is CPU, ``ValueError`` for an unknown ``exec_mode``, and
-    ``launcher.errors.ConfigError`` when the layout does not fit the world.
+    ``parallel.config.LayoutError`` when the layout does not fit the world.
     """
     environ = os.environ
     identity = contract.RankIdentity.from_environ(environ)

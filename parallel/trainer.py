@@ -29,7 +29,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from launcher import contract
+from parallel import contract
 from parallel import amp, checkpoint, events
 from parallel.config import ExecMode
 from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,

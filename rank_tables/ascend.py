@@ -27,7 +27,6 @@ from launcher.errors import ConfigError
 from launcher.limits import MAX_DEVICE_ID, MAX_FILE_BYTES, shown, whole_number
 from rank_tables.bounded import UnreadableFile, read_text
 
-DEVFS_ENV = "NPU_LAUNCH_DEVFS"
 """Where to look for ``davinciN`` device nodes instead of ``/dev`` (tests use plain files)."""
 DEFAULT_DEVFS = Path("/dev")
 DEFAULT_HCCN_CONF = Path("/etc/hccn.conf")
@@ -157,8 +156,8 @@ def parse_hccn_conf(text: str) -> dict[int, str]:
     for line in text.splitlines():
         match = _HCCN_ADDRESS.fullmatch(line)
         device = whole_number(match.group(1)) if match else None
-        if device is not None and device <= MAX_DEVICE_ID:
-            found[device] = match.group(2)  # type: ignore[union-attr]
+        if match and device is not None and device <= MAX_DEVICE_ID:
+            found[device] = match.group(2)
     return found
 
 
@@ -177,8 +176,9 @@ def parse_chip_map(output: str) -> dict[int, tuple[int, int]]:
     for line in lines[header + 1:]:
         cells = _COLUMNS.split(line.strip())
         numbers = [whole_number(cells[i]) if len(cells) > i else None for i in (phy, npu, chip)]
-        if None not in numbers:  # the Mcu row and '-' cells
-            chips[numbers[0]] = (numbers[1], numbers[2])  # type: ignore[index, assignment]
+        phy_id, npu_id, chip_id = numbers
+        if phy_id is not None and npu_id is not None and chip_id is not None:  # not Mcu, not '-'
+            chips[phy_id] = (npu_id, chip_id)
     return chips
 
 
@@ -198,7 +198,7 @@ def this_host_ip() -> str:
         infos = socket.getaddrinfo(socket.gethostname(), None, family=socket.AF_INET)
     except OSError as exc:
         raise ConfigError(f"cannot resolve this host's name to an IP ({exc}); pass --server-id") from None
-    addresses = [info[4][0] for info in infos if not info[4][0].startswith("127.")]
+    addresses = [str(info[4][0]) for info in infos if not str(info[4][0]).startswith("127.")]
     if not addresses:
         raise ConfigError(f"this host's name {socket.gethostname()!r} resolves only to loopback; pass --server-id")
     return addresses[0]

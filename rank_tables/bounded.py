@@ -200,6 +200,8 @@ def deep_position(text: str) -> Optional[int]:
 
 def place_in(text: Union[str, bytes], index: int) -> tuple[int, int]:
     """1-based ``(line, column)`` of ``text[index]``."""
-    newline = "\n" if isinstance(text, str) else b"\n"
-    line = text.count(newline, 0, index) + 1  # type: ignore[arg-type]
-    return line, index - (text.rfind(newline, 0, index) + 1) + 1  # type: ignore[arg-type]
+    if isinstance(text, str):
+        newlines, last = text.count("\n", 0, index), text.rfind("\n", 0, index)
+    else:
+        newlines, last = text.count(b"\n", 0, index), text.rfind(b"\n", 0, index)
+    return newlines + 1, index - last

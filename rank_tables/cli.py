@@ -13,9 +13,11 @@ from typing import Optional, Sequence
 
 import click
 
+from parallel import contract
+
 from launcher.errors import ConfigError, RankTableError
 from launcher.limits import MAX_NODES, shown, whole_number
-from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, DEVFS_ENV, AscendHost, this_host_ip
+from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
 from rank_tables.bounded import display_name
 from rank_tables.cluster import ClusterConfig, cluster_table, parse_host_paths
 from rank_tables.generate import GenerateConfig, GeneratedServer, generate_server, parse_assignments, parse_device_list
@@ -74,8 +76,8 @@ def rank_table() -> None:
 @click.option("--backup-device-ip", "backup_ips", multiple=True, metavar="N=IP",
               help="1.2: physical device N's backup IP.")
 @click.option("--backup-device-port", type=PORT, help="1.2: backup_device_port of every device.")
-@click.option("--devfs", type=click.Path(path_type=Path), envvar=DEVFS_ENV, default=DEFAULT_DEVFS,
-              show_default=True, help=f"Where the davinciN device nodes are (env {DEVFS_ENV}).")
+@click.option("--devfs", type=click.Path(path_type=Path), envvar=contract.DEVFS, default=DEFAULT_DEVFS,
+              show_default=True, help=f"Where the davinciN device nodes are (env {contract.DEVFS}).")
 @click.option("-o", "--output", help="Output file, '-' for stdout. [default: hccl_{N}p_{ids}_{server_id}.json]")
 def generate(server_id: Optional[str], devices_text: Optional[str], visible_text: Optional[str], version: str,
              device_ips: Sequence[str], hccn_conf: Path, device_port: Optional[int], host_port: Optional[int],

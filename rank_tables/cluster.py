@@ -82,7 +82,8 @@ def device_ips_for_host(host: str, devices: Sequence[int], hccn_confs: Mapping[s
     addresses = read_hccn_conf(path)
     missing = [d for d in devices if d not in addresses]
     if missing:
-        raise ConfigError(f"{display_name(path)} (host {host!r}) has no address_N for device(s) {','.join(map(str, missing))}")
+        raise ConfigError(f"{display_name(path)} (host {host!r}) has no address_N for device(s) "
+                          f"{','.join(map(str, missing))}")
     return {d: addresses[d] for d in devices}
 
 

@@ -218,7 +218,9 @@ def describe(value: Any) -> str:
         return "null"
     if isinstance(value, str):
         return _shortened(json.dumps(value[:MAX_SHOWN + 1]), len(value))
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+    if isinstance(value, dict):
+        return "an object"
+    return "a list" if isinstance(value, list) else type(value).__name__
 
 
 def _printable(number: Any) -> bool:

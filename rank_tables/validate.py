@@ -204,7 +204,9 @@ def _check_ranks(view: _TableView) -> Iterator[Problem]:
 def _check_rank_order(view: _TableView) -> Iterator[Problem]:
     by_server: dict[int, list[int]] = {index: [] for index, _ in view.servers}
     for device in view.devices:
-        by_server[device.server].append(_number(device.fields["rank_id"]))  # type: ignore[arg-type]
+        rank_id = _number(device.fields["rank_id"])
+        if rank_id is not None:  # always, in a table with no other problem
+            by_server[device.server].append(rank_id)
     start = 0
     for index, ranks in by_server.items():
         expected = list(range(start, start + len(ranks)))

@@ -24,7 +24,7 @@ import mindspore as ms
 from mindspore import nn
 
 import parallel
-from launcher import contract
+from parallel import contract
 from parallel.config import DeviceTarget
 from parallel.data import sharded_dataset
 from parallel.schedules import LrSchedule

@@ -24,7 +24,7 @@ import psutil
 from _pytest.mark.expression import Expression
 from hypothesis import strategies as st
 
-from launcher import contract
+from parallel import contract
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 
 REPO = Path(__file__).resolve().parent.parent

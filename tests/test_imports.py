@@ -1,7 +1,12 @@
 """The host side never imports MindSpore: start-up stays fast and it runs without MindSpore."""
+import os
 import pkgutil
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import launcher
 from helpers import REPO, TESTS, module_marks
@@ -32,3 +37,34 @@ def test_test_modules_outside_the_mindspore_mark_import_without_it() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert f"LOADED {len(names)} []" in out.stdout, out.stdout + out.stderr
     assert "test_config_cli" in names and "test_trainer" not in names
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    return subprocess.run([sys.executable, "-c", command], cwd=root,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_the_dependency_rule_holds() -> None:
+    """pyproject.toml's import-linter contracts: the seam imports nothing, the rank side
+    nothing of the host side, the host side no MindSpore."""
+    result = _lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "3 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("module, wrong", [
+    ("parallel/events.py", "import launcher.errors"),
+    ("launcher/plan.py", "import parallel.setup"),
+    ("parallel/contract.py", "import yaml"),
+])
+def test_a_wrong_import_breaks_the_rule(tmp_path: Path, module: str, wrong: str) -> None:
+    for item in ("launcher", "parallel", "rank_tables", "pyproject.toml"):
+        source = REPO / item
+        copy = shutil.copytree if source.is_dir() else shutil.copy
+        copy(source, tmp_path / item)
+    with open(tmp_path / module, "a") as f:
+        f.write(f"\n{wrong}  # deliberately against the rule\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout[-3000:]

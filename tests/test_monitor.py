@@ -18,11 +18,11 @@ from typing import Optional
 import pytest
 
 from helpers import REPO, wait_for
-from launcher import contract
+from parallel import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome
-from launcher.monitor import (EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, JobMonitor,
-                              Stall, describe_stall, table_height)
+from launcher.monitor import JobMonitor, Stall, describe_stall, table_height
+from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}
 
@@ -417,13 +417,13 @@ def test_live_table_follows_a_real_terminal_and_its_resizes(weird_tmp: Path) -> 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux as the terminal")
 def test_rank_lines_scroll_above_the_table_in_a_real_terminal(weird_tmp: Path) -> None:
     script = weird_tmp / "show.py"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(textwrap.dedent("""\
         import sys, time
         from launcher.monitor import JobMonitor
-        m = JobMonitor(sys.argv[1], "tmux-job", {{0: "a", 1: "a"}}, sys.stdout, live=True,
+        m = JobMonitor(sys.argv[1], "tmux-job", {0: "a", 1: "a"}, sys.stdout, live=True,
                        clock=iter(range(0, 1000, 2)).__next__)
         for i in range(30):
-            m.on_event({{"event": "step", "rank": i % 2, "step": i, "loss": 1.0, "time": 0}})
+            m.on_event({"event": "step", "rank": i % 2, "step": i, "loss": 1.0, "time": 0})
             sys.stdout.buffer.write(b"[a:0] line %d\\n" % i)
             sys.stdout.buffer.flush()
             m.tick()
@@ -441,7 +441,7 @@ def test_rank_lines_scroll_above_the_table_in_a_real_terminal(weird_tmp: Path) -
     lines = str(screen).splitlines()
     assert lines[19 - 4 + 1].startswith("npu-launch job tmux-job")  # the table: the last 4 rows
     assert lines[19].split()[:2] == ["a:1", "29"]
-    shown = [int(l.split()[-1]) for l in lines if l.startswith("[a:0] line")]
+    shown = [int(line.split()[-1]) for line in lines if line.startswith("[a:0] line")]
     assert shown == list(range(shown[0], 30)) and len(shown) >= 14  # none overwritten
 
 
@@ -475,7 +475,7 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     events_path = weird_tmp / "events" / "rank_3.jsonl"
     events_path.parent.mkdir()
     code = textwrap.dedent("""\
-        from launcher import contract
+        from parallel import contract
         from parallel import events
         events.emit("started", role="MS_WORKER")
         events.emit("initialised", exec_mode="graph")

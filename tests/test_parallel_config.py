@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import Layout, layouts
-from launcher.errors import ConfigError
+from parallel.config import LayoutError as ConfigError
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 
 
@@ -117,7 +117,7 @@ def test_a_valid_layout_resolves_and_obeys_every_rule(layout: Layout) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Broken:
-    """A layout with one rule broken, and the words its ``ConfigError`` must say."""
+    """A layout with one rule broken, and the words its ``LayoutError`` must say."""
 
     world: int
     nnodes: int

@@ -16,7 +16,7 @@ from typing import Dict
 
 import pytest
 
-from launcher import contract
+from parallel import contract
 from parallel.config import DeviceTarget, ParallelConfig
 
 pytestmark = pytest.mark.mindspore
@@ -191,7 +191,7 @@ def test_a_layout_that_does_not_fit_the_world_is_a_config_error_before_anything_
         contract.PARALLEL: json.dumps({"mode": "semi", "dp": 2, "mp": 2})}), tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "launcher.errors.ConfigError: dp*mp*pp = 2*2*1 = 4 != world size 6")
+        "parallel.config.LayoutError: dp*mp*pp = 2*2*1 = 4 != world size 6")
 
 
 def test_device_kinds_map_to_mindspore_targets_and_cpu_is_detected_here():

@@ -12,8 +12,9 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from launcher import contract
-from launcher.monitor import METRICS_FILE, SUMMARY_FILE, JobMonitor
+from parallel import contract
+from launcher.monitor import JobMonitor
+from parallel.contract import METRICS_FILE, SUMMARY_FILE
 from launcher.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b"}
@@ -98,7 +99,7 @@ def test_report_without_summary_derives_it_from_metrics(weird_tmp: Path) -> None
     assert result.output.startswith(f"no {SUMMARY_FILE}: derived from {METRICS_FILE} "
                                     "(outcome unknown)\njob job-7: unknown, exit code -, 41.0 s, "
                                     "3 rank(s)\n")
-    row = next(l.split() for l in result.output.splitlines() if l.split()[:1] == ["2"])
+    row = next(line.split() for line in result.output.splitlines() if line.split()[:1] == ["2"])
     assert row[:7] == ["2", "node", "b", "3", "40", "0.06", "290.0"]  # exit code from 'exited'
     assert row[7:10] == ["pynative", "0.9200", "0.25"]
     assert png_size(out)[0] == 900 and not (weird_tmp / "report.png").exists()

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from helpers import npu_launch_argv
-from launcher.monitor import METRICS_FILE, SUMMARY_FILE
+from parallel.contract import METRICS_FILE, SUMMARY_FILE
 from test_report import png_size, write_job
 
 TIMEOUT_S = 60

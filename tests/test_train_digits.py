@@ -48,7 +48,7 @@ def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
     assert summary["checkpoints"], "checkpoint events reach the summary"
     manifests = sorted((logs / "checkpoints").glob("step_*/manifest.json"))
     assert 1 <= len(manifests) <= 3, "keep the last 3 complete checkpoints"
-    steps = [json.loads(l) for l in (logs / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert {e.get("rank") for e in steps if e.get("event") == "step"} == {0, 1}
     report = run_launcher("report", str(logs))
     assert report.returncode == 0, report.stderr

@@ -12,7 +12,7 @@ import pytest
 from mindspore import dataset as ds
 from mindspore import nn
 
-from launcher import contract
+from parallel import contract
 from parallel import checkpoint
 from parallel.amp import AmpError, LossScaleConfig, LossScaleMode
 from parallel.config import ExecMode

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
-from launcher import contract
+from parallel import contract
 from launcher.limits import shell_words
 from launcher.plan import LaunchPlan, ProcessSpec, Role
 

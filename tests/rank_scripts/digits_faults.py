@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 
 import train_digits  # noqa: E402
-from launcher import contract  # noqa: E402
+from parallel import contract  # noqa: E402
 from parallel.trainer import Callback  # noqa: E402
 
 

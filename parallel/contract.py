@@ -85,6 +85,9 @@ STACK_FILE = "NPU_LAUNCH_STACK_FILE"
 RESTART = "NPU_LAUNCH_RESTART"
 """How many times the job was restarted before this attempt (0 the first time)."""
 
+DEVFS = "NPU_LAUNCH_DEVFS"
+"""Where the ``davinciN`` device nodes are [default: /dev]; tests point it at a fake ``/dev``."""
+
 PREFIX = "NPU_LAUNCH_"
 
 OWNED = {
@@ -125,6 +128,33 @@ EVENT_RANK_EXITED = "rank-exited"
 """Sent by a node agent when one of its ranks' processes ended (``returncode``)."""
 EVENT_NODE_DONE = "node-ranks-done"
 """Sent by a node agent (not a rank) once all its ranks exited 0."""
+
+# What the launcher writes into the job's log directory for ``npu-launch report`` to read.
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+EVENT_EXITED = "exited"
+"""The monitor's own record in metrics.jsonl when a local rank exits (``returncode``)."""
+EVENT_JOB = "job"
+"""The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
+
+
+class BadInput(ValueError):
+    """Bad input found on either side of the seam. A plain exception, so that ranks need no
+    click; the CLI says it in one line with exit code 2."""
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+MAX_SHOWN = 80
+"""Characters of a user's value echoed in an error message."""
+
+
+def shown(value: object) -> str:
+    """``repr`` of a value for an error message, cut to ``MAX_SHOWN`` characters."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}...({len(text)} chars)"
 
 
 @dataclasses.dataclass(frozen=True)
