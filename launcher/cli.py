@@ -24,7 +24,7 @@ from launcher.errors import ConfigError
 from launcher.limits import shell_words, shown
 from launcher.report import report
 from parallel.config import ParallelConfig
-from rank_tables.cli import rank_table
+from launcher.rank_table_cli import rank_table
 from launcher.backends import TransportOptions
 from launcher.hostfile import read_hostfile, select_hosts
 from launcher.launch import launch

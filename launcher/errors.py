@@ -16,7 +16,3 @@ class ConfigError(LaunchError):
 
 class HostfileError(LaunchError):
     """A bad hostfile; the message starts with ``file:line``."""
-
-
-class RankTableError(LaunchError):
-    """A bad HCCL rank table; the message names the JSON path."""

@@ -2,7 +2,8 @@
 
 Modules: ``table`` (the ``RankTable`` value and ``load_rank_table``), ``validate`` (all problems,
 each with its JSON path), ``generate`` (one server from this host's devices), ``merge``,
-``cluster`` (a whole cluster from a hostfile), ``ascend`` (reading devices and device IPs from
-the host), ``show`` and ``cli`` (the ``rank-table`` command group). Nothing is imported here, so
+``ascend`` (reading devices and device IPs from the host), ``show``, ``bounded`` (reading files
+and JSON within bounds) and ``errors``. The ``rank-table`` commands live in the launcher
+(``launcher.rank_table_cli``), which sits above this library. Nothing is imported here, so
 ``import rank_tables`` stays free.
 """

@@ -23,8 +23,9 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from launcher.errors import ConfigError
-from launcher.limits import MAX_DEVICE_ID, MAX_FILE_BYTES, shown, whole_number
+from rank_tables.errors import TableInputError
+from parallel.contract import shown
+from rank_tables.bounded import MAX_DEVICE_ID, MAX_FILE_BYTES, whole_number
 from rank_tables.bounded import UnreadableFile, read_text
 
 """Where to look for ``davinciN`` device nodes instead of ``/dev`` (tests use plain files)."""
@@ -81,7 +82,7 @@ class AscendHost:
 
     def device_ips(self, devices: Sequence[int], by_hand: Mapping[int, str]) -> dict[int, DeviceIp]:
         """The NIC address of each physical device: given by hand, else ``hccn_tool``, else
-        ``hccn.conf``. Raises ``ConfigError`` naming each device left without one and why."""
+        ``hccn.conf``. Raises ``TableInputError`` naming each device left without one and why."""
         found = {d: DeviceIp(ip, "--device-ip") for d, ip in by_hand.items() if d in devices}
         missing = [d for d in devices if d not in found]
         found.update(self._from_hccn_tool(missing))
@@ -90,7 +91,7 @@ class AscendHost:
         found.update({d: DeviceIp(conf[d], str(self.hccn_conf)) for d in missing if d in conf})
         missing = [d for d in missing if d not in found]
         if missing:
-            raise ConfigError(self._no_ip_message(missing))
+            raise TableInputError(self._no_ip_message(missing))
         return {d: found[d] for d in devices}
 
     def _from_hccn_tool(self, devices: Sequence[int]) -> dict[int, DeviceIp]:
@@ -110,12 +111,12 @@ class AscendHost:
         """``SDID`` and ``Super Pod ID`` of each physical device, from ``npu-smi``."""
         npu_smi = self.tool("npu-smi")
         if npu_smi is None:
-            raise ConfigError("no npu-smi on the tool path to read super device ids; "
+            raise TableInputError("no npu-smi on the tool path to read super device ids; "
                               "pass --super-device-id N=SDID for each device and --super-pod-id")
         chips = parse_chip_map(_run([npu_smi, "info", "-m"]))
         unknown = [d for d in devices if d not in chips]
         if unknown:
-            raise ConfigError(f"npu-smi info -m lists no chip with Chip Phy-ID {','.join(map(str, unknown))}")
+            raise TableInputError(f"npu-smi info -m lists no chip with Chip Phy-ID {','.join(map(str, unknown))}")
         return {d: parse_spod_info(_run([npu_smi, "info", "-t", "spod-info", "-i", str(chips[d][0]),
                                          "-c", str(chips[d][1])])) for d in devices}
 
@@ -147,7 +148,7 @@ def read_hccn_conf(path: Path) -> dict[int, str]:
     try:
         return parse_hccn_conf(read_text(path, MAX_FILE_BYTES, "hccn.conf"))
     except UnreadableFile as exc:
-        raise ConfigError(exc.message) from None
+        raise TableInputError(exc.message) from None
 
 
 def parse_hccn_conf(text: str) -> dict[int, str]:
@@ -166,10 +167,10 @@ def parse_chip_map(output: str) -> dict[int, tuple[int, int]]:
     lines = [line for line in output.splitlines() if line.strip()]
     header = next((i for i, line in enumerate(lines) if "NPU ID" in line), None)
     if header is None:
-        raise ConfigError("npu-smi info -m printed no 'NPU ID' header")
+        raise TableInputError("npu-smi info -m printed no 'NPU ID' header")
     columns = _COLUMNS.split(lines[header].strip())
     if "Chip Phy-ID" not in columns:
-        raise ConfigError("npu-smi info -m has no 'Chip Phy-ID' column (not an Atlas A3 host?); "
+        raise TableInputError("npu-smi info -m has no 'Chip Phy-ID' column (not an Atlas A3 host?); "
                           "pass --super-device-id N=SDID and --super-pod-id")
     npu, chip, phy = (columns.index(c) for c in ("NPU ID", "Chip ID", "Chip Phy-ID"))
     chips: dict[int, tuple[int, int]] = {}
@@ -187,7 +188,7 @@ def parse_spod_info(output: str) -> SuperPodInfo:
     fields = {m.group(1): m.group(2) for m in map(_KEY_VALUE.fullmatch, output.splitlines()) if m}
     sdid, pod = whole_number(fields.get("SDID", "")), fields.get("Super Pod ID", "")
     if sdid is None or not pod:
-        raise ConfigError(f"npu-smi spod-info printed no SDID / Super Pod ID: {shown(output.strip())}")
+        raise TableInputError(f"npu-smi spod-info printed no SDID / Super Pod ID: {shown(output.strip())}")
     return SuperPodInfo(sdid, pod)
 
 
@@ -197,10 +198,10 @@ def this_host_ip() -> str:
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, family=socket.AF_INET)
     except OSError as exc:
-        raise ConfigError(f"cannot resolve this host's name to an IP ({exc}); pass --server-id") from None
+        raise TableInputError(f"cannot resolve this host's name to an IP ({exc}); pass --server-id") from None
     addresses = [str(info[4][0]) for info in infos if not str(info[4][0]).startswith("127.")]
     if not addresses:
-        raise ConfigError(f"this host's name {socket.gethostname()!r} resolves only to loopback; pass --server-id")
+        raise TableInputError(f"this host's name {socket.gethostname()!r} resolves only to loopback; pass --server-id")
     return addresses[0]
 
 
@@ -208,7 +209,7 @@ def _run(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"{' '.join(argv)}: {exc}") from None
+        raise TableInputError(f"{' '.join(argv)}: {exc}") from None
     if done.returncode != 0:
-        raise ConfigError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[:200]}")
+        raise TableInputError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[:200]}")
     return done.stdout

@@ -1,4 +1,5 @@
-"""Reading a file, and JSON text, within the bounds of ``launcher.limits``.
+"""Reading a file, and JSON text, within bounds: the bounds the rank-table library needs, and
+the bounded reader the whole host side uses (``launcher.limits`` re-exports them).
 
 A rank table (or a job's ``summary.json``) may be ``/dev/zero``, a directory, a 5 MB line, bytes
 that are not UTF-8, or JSON nested 100,000 deep; each of these must become one line that names
@@ -13,15 +14,28 @@ name and, where there is one, ``line:column`` or the JSON path.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import select
+import stat
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from launcher.limits import MAX_JSON_DEPTH, MAX_SHOWN, read_at_most
+from parallel.contract import MAX_SHOWN
 from rank_tables.structure import JsonPath, format_path
+
+MAX_DEVICE_ID = 15
+"""Physical card ids: ``/dev/davinci0`` .. ``/dev/davinci15``."""
+MAX_FILE_BYTES = 1 << 20
+"""A hostfile, job config or env file: a page of text."""
+MAX_RANK_TABLE_BYTES = 16 << 20
+"""An HCCL rank table: about 150 bytes per device, so room for tens of thousands of cards."""
+MAX_JSON_DEPTH = 32
+"""Nesting of a rank table or summary; the real formats need 6."""
+_WHOLE = re.compile(r"[0-9]{1,12}")
 
 MAX_NUMBER_CHARS = 32
 """Characters of one JSON number: ``json.dumps`` writes any float in 24."""
@@ -205,3 +219,47 @@ def place_in(text: Union[str, bytes], index: int) -> tuple[int, int]:
     else:
         newlines, last = text.count(b"\n", 0, index), text.rfind(b"\n", 0, index)
     return newlines + 1, index - last
+
+
+def whole_number(text: str) -> Optional[int]:
+    """``text`` as a non-negative integer written in ASCII digits, else None.
+
+    ``str.isdigit`` accepts ``'²'`` and ``int`` accepts ``'١٢'`` and 4,300 digits; neither is
+    a number a user means here.
+    """
+    return int(text) if _WHOLE.fullmatch(text) else None
+
+
+PIPE_WAIT = 30.0
+"""Seconds a pipe (``--rank-table <(...)``) may stay silent before its read is given up."""
+
+
+def read_at_most(path: str, size: int) -> bytes:
+    """Up to ``size`` bytes of ``path``, never waiting without end: a FIFO nobody writes to
+    reads as empty, and one whose writer goes silent for ``PIPE_WAIT`` seconds is an error."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISFIFO(mode):
+            os.set_blocking(fd, True)
+        return _read_fd(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        try:
+            chunk = os.read(fd, min(left, 1 << 16))
+        except BlockingIOError:  # a pipe with a writer and nothing written yet
+            if not select.select([fd], [], [], PIPE_WAIT)[0]:
+                raise OSError(errno.ETIMEDOUT, f"a pipe silent for {PIPE_WAIT:.0f} s") from None
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -12,8 +12,9 @@ import dataclasses
 import re
 from typing import Iterable, Mapping, Optional
 
-from launcher.errors import ConfigError
-from launcher.limits import MAX_DEVICE_ID, shown, whole_number
+from rank_tables.errors import TableInputError
+from parallel.contract import shown
+from rank_tables.bounded import MAX_DEVICE_ID, whole_number
 from rank_tables.ascend import AscendHost, DeviceIp
 from rank_tables.bounded import display_name
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod, check_table
@@ -48,9 +49,9 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         if self.version not in VERSIONS:
-            raise ConfigError(f"--format {self.version}: must be one of {', '.join(VERSIONS)}")
+            raise TableInputError(f"--format {self.version}: must be one of {', '.join(VERSIONS)}")
         if not 0 < len(self.server_id) <= 64:
-            raise ConfigError(f"--server-id {shown(self.server_id)}: must be 1 to 64 characters")
+            raise TableInputError(f"--server-id {shown(self.server_id)}: must be 1 to 64 characters")
         self._check_version_options()
         self._check_super_device_ids()
         self._check_ports()
@@ -60,12 +61,12 @@ class GenerateConfig:
                     "--backup-device-ip": self.backup_device_ips, "--backup-device-port": self.backup_device_port}
         used = [name for name, value in only_v12.items() if value]
         if self.version != "1.2" and used:
-            raise ConfigError(f"{', '.join(used)}: only for --format 1.2 (Atlas A3 SuperPoD)")
+            raise TableInputError(f"{', '.join(used)}: only for --format 1.2 (Atlas A3 SuperPoD)")
 
     def _check_super_device_ids(self) -> None:
         bad = [f"{d}={v}" for d, v in self.super_device_ids if whole_number(v) is None]
         if bad:
-            raise ConfigError(f"--super-device-id {display_name(bad[0])}: the value must be a whole number "
+            raise TableInputError(f"--super-device-id {display_name(bad[0])}: the value must be a whole number "
                               "written in digits 0-9 (at most 12)")
 
     def _check_ports(self) -> None:
@@ -73,9 +74,9 @@ class GenerateConfig:
                  "--backup-device-port": self.backup_device_port}
         for name, port in ports.items():
             if port is not None and not 1 <= port <= MAX_PORT:
-                raise ConfigError(f"{name} {port}: must be within 1-{MAX_PORT}")
+                raise TableInputError(f"{name} {port}: must be within 1-{MAX_PORT}")
         if self.host_port is not None and self.host_port + MAX_DEVICE_ID > MAX_PORT:
-            raise ConfigError(f"--host-port {self.host_port}: devices get consecutive host ports, "
+            raise TableInputError(f"--host-port {self.host_port}: devices get consecutive host ports, "
                               f"so it must be at most {MAX_PORT - MAX_DEVICE_ID}")
 
 
@@ -104,20 +105,20 @@ def parse_device_list(text: str, option: str = "--devices") -> tuple[int, ...]:
     else:
         ids = [i for part in text.split(",") for i in _parse_span(part, text, option)]
     if not ids:
-        raise ConfigError(f"{option} {shown(text)}: names no device")
+        raise TableInputError(f"{option} {shown(text)}: names no device")
     if len(set(ids)) != len(ids):
-        raise ConfigError(f"{option} {shown(text)}: names a device twice")
+        raise TableInputError(f"{option} {shown(text)}: names a device twice")
     return tuple(sorted(ids))
 
 
 def _parse_span(part: str, text: str, option: str) -> range:
     match = _SPAN.fullmatch(part.strip())
     if match is None:
-        raise ConfigError(f"{option} {shown(text)}: expected ids like 0-7, 0,2,4,6 or [0,8)")
+        raise TableInputError(f"{option} {shown(text)}: expected ids like 0-7, 0,2,4,6 or [0,8)")
     first = _device_id(match.group(1), text, option)
     last = _device_id(match.group(2) or match.group(1), text, option)
     if last < first:
-        raise ConfigError(f"{option} {shown(text)}: range {part.strip()} runs backwards")
+        raise TableInputError(f"{option} {shown(text)}: range {part.strip()} runs backwards")
     return range(first, last + 1)
 
 
@@ -125,7 +126,7 @@ def _device_id(digits: str, text: str, option: str, bound: int = MAX_DEVICE_ID) 
     number = whole_number(digits)
     if number is None or number > bound:
         said = digits if len(digits) <= 12 else f"{digits[:12]}...({len(digits)} digits)"
-        raise ConfigError(f"{option} {shown(text)}: {said} is out of range 0-{bound} "
+        raise TableInputError(f"{option} {shown(text)}: {said} is out of range 0-{bound} "
                           f"(physical ids of /dev/davinci0 .. /dev/davinci{MAX_DEVICE_ID})")
     return number
 
@@ -137,13 +138,13 @@ def parse_assignments(items: Iterable[str], option: str, example: str = "192.168
         key, sep, value = item.partition("=")
         device = whole_number(key.strip())
         if not sep or device is None or not value.strip():
-            raise ConfigError(f"{option} {shown(item)}: expected N=VALUE with N a device id written in "
+            raise TableInputError(f"{option} {shown(item)}: expected N=VALUE with N a device id written in "
                               f"digits 0-9, e.g. {option} 0={example}")
         if device > MAX_DEVICE_ID:
-            raise ConfigError(f"{option} {shown(item)}: device {device} is out of range 0-{MAX_DEVICE_ID} "
+            raise TableInputError(f"{option} {shown(item)}: device {device} is out of range 0-{MAX_DEVICE_ID} "
                               f"(physical ids of /dev/davinci0 .. /dev/davinci{MAX_DEVICE_ID})")
         if device in pairs:
-            raise ConfigError(f"{option}: device {device} is given twice")
+            raise TableInputError(f"{option}: device {device} is given twice")
         pairs[device] = value.strip()
     return tuple(sorted(pairs.items()))
 
@@ -165,16 +166,16 @@ def generate_server(config: GenerateConfig, host: AscendHost) -> GeneratedServer
 def _chosen_devices(config: GenerateConfig, present: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     visible = config.visible_devices if config.visible_devices is not None else present
     if not visible:
-        raise ConfigError("no Ascend devices found (no davinciN device nodes); pass --visible-devices "
+        raise TableInputError("no Ascend devices found (no davinciN device nodes); pass --visible-devices "
                           "to describe the host's devices by hand")
     absent = [d for d in visible if present and d not in present]
     if absent:
-        raise ConfigError(f"--visible-devices: no device node for {','.join(map(str, absent))} "
+        raise TableInputError(f"--visible-devices: no device node for {','.join(map(str, absent))} "
                           f"(present: {','.join(map(str, present))})")
     logical = config.devices if config.devices is not None else tuple(range(len(visible)))
     beyond = [i for i in logical if i >= len(visible)]
     if beyond:
-        raise ConfigError(f"--devices: logical id(s) {','.join(map(str, beyond))} out of range, "
+        raise TableInputError(f"--devices: logical id(s) {','.join(map(str, beyond))} out of range, "
                           f"{len(visible)} device(s) visible ({','.join(map(str, visible))})")
     return logical, tuple(visible[i] for i in logical)
 
@@ -203,5 +204,5 @@ def _super_pods(config: GenerateConfig, pods: Mapping) -> tuple[SuperPod, ...]:
         return ()
     pod_ids = {info.super_pod_id for info in pods.values()}
     if config.super_pod_id is None and len(pod_ids) != 1:
-        raise ConfigError(f"npu-smi reports super pod ids {sorted(pod_ids)} for one server; pass --super-pod-id")
+        raise TableInputError(f"npu-smi reports super pod ids {sorted(pod_ids)} for one server; pass --super-pod-id")
     return (SuperPod(config.super_pod_id or pod_ids.pop(), (config.server_id,)),)

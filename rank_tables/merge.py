@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from launcher.errors import RankTableError
+from rank_tables.errors import RankTableError
 from rank_tables.table import RankTable, ServerEntry, SuperPod, check_table
 
 NamedTable = tuple[str, RankTable]

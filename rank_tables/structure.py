@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any, Callable, Mapping, Union
 
-from launcher.limits import MAX_SHOWN
+from parallel.contract import MAX_SHOWN
 
 PathPart = Union[str, int]
 JsonPath = tuple[PathPart, ...]

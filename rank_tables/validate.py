@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from launcher.limits import MAX_DEVICE_ID, whole_number
+from rank_tables.bounded import MAX_DEVICE_ID, whole_number
 from rank_tables.structure import Check, Fault, JsonPath, compile_schema, describe, format_path
 
 VERSIONS = ("1.0", "1.2")

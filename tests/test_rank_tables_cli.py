@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from helpers import ASCEND_FIXTURES, REPO, fake_ascend_env
 from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
-from rank_tables.cli import rank_table
+from launcher.rank_table_cli import rank_table
 
 A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"
 
@@ -144,7 +144,7 @@ def test_generate_default_output_file_in_the_working_directory(weird_tmp: Path, 
 
 
 def run_module(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rank_tables.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "launcher.rank_table_cli", *map(str, args)], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, **(env or {})}, check=False)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import ASCEND_FIXTURES as FIXTURES
 from helpers import fake_devfs
-from launcher.errors import ConfigError, RankTableError
+from rank_tables.errors import RankTableError, TableInputError
 from rank_tables.ascend import AscendHost
 from rank_tables.generate import GenerateConfig, generate_server, parse_assignments, parse_device_list
 
@@ -40,7 +40,7 @@ def test_device_lists(text: str, ids: tuple) -> None:
     ("-1", "expected ids like"),
 ])
 def test_bad_device_lists(text: str, words: str) -> None:
-    with pytest.raises(ConfigError, match="^--devices") as info:
+    with pytest.raises(TableInputError, match="^--devices") as info:
         parse_device_list(text)
     assert words in info.value.message
 
@@ -48,9 +48,9 @@ def test_bad_device_lists(text: str, words: str) -> None:
 def test_assignments() -> None:
     assert parse_assignments(["3=10.0.0.3", " 1 = 10.0.0.1"], "--device-ip") == ((1, "10.0.0.1"), (3, "10.0.0.3"))
     for bad, words in [("3", "expected N=VALUE"), ("x=1", "expected N=VALUE"), ("3=", "expected N=VALUE")]:
-        with pytest.raises(ConfigError, match=words):
+        with pytest.raises(TableInputError, match=words):
             parse_assignments([bad], "--device-ip")
-    with pytest.raises(ConfigError, match="device 2 is given twice"):
+    with pytest.raises(TableInputError, match="device 2 is given twice"):
         parse_assignments(["2=a", "2=b"], "--device-ip")
 
 
@@ -63,7 +63,7 @@ def test_assignments() -> None:
     ({"host_port": 65530}, "--host-port 65530: devices get consecutive host ports"),
 ])
 def test_config_checks_itself(kwargs: dict, words: str) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(TableInputError) as info:
         GenerateConfig(**{"server_id": "10.0.0.1", **kwargs})
     assert words in info.value.message
 
@@ -108,14 +108,14 @@ def test_two_digit_devices_and_the_hccl_tools_file_name(host: AscendHost) -> Non
     ({"devices": (8,)}, "logical id(s) 8 out of range, 8 device(s) visible"),
 ])
 def test_device_selection_errors(host: AscendHost, kwargs: dict, words: str) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(TableInputError) as info:
         generate_server(GenerateConfig("10.0.0.1", **kwargs), host)
     assert words in info.value.message
 
 
 def test_a_host_without_device_nodes_needs_visible_devices(host: AscendHost, tmp_path: Path) -> None:
     bare = AscendHost(devfs=tmp_path / "no dev", tool_path=host.tool_path, hccn_conf=host.hccn_conf)
-    with pytest.raises(ConfigError, match="no Ascend devices found .* pass --visible-devices"):
+    with pytest.raises(TableInputError, match="no Ascend devices found .* pass --visible-devices"):
         generate_server(GenerateConfig("10.0.0.1"), bare)
     assert [d for d, _, _ in summary(GenerateConfig("10.0.0.1", visible_devices=(2, 3)), bare)] == [2, 3]
 
@@ -148,7 +148,7 @@ def test_v1_2_refuses_a_server_spread_over_super_pods(host: AscendHost, tmp_path
     shutil.copy(FIXTURES / "a3_host" / "info-m.txt", smi / "info-m.txt")
     (smi / "spod-info.txt").write_text("0 0 10 3 0\n0 1 11 4 0\n", encoding="utf-8")
     monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(smi))
-    with pytest.raises(ConfigError, match=r"npu-smi reports super pod ids \['3', '4'\] for one server"):
+    with pytest.raises(TableInputError, match=r"npu-smi reports super pod ids \['3', '4'\] for one server"):
         generate_server(GenerateConfig("node_1", version="1.2", devices=(0, 1)), host)
     table = generate_server(GenerateConfig("node_1", version="1.2", devices=(0, 1), super_pod_id="3"), host).table
     assert [d.super_device_id for d in table.servers[0].devices] == [10, 11]

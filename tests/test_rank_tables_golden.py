@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from helpers import ASCEND_FIXTURES as FIXTURES
 from helpers import RANK_TABLE_EXAMPLES, fake_ascend_env
-from rank_tables.cli import rank_table
+from launcher.rank_table_cli import rank_table
 from rank_tables.validate import validate
 
 GOLDEN = Path(__file__).parent / "golden"

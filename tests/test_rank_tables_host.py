@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ASCEND_FIXTURES, fake_devfs
-from launcher.errors import ConfigError
+from rank_tables.errors import TableInputError
 from rank_tables.ascend import (AscendHost, DeviceIp, SuperPodInfo, parse_chip_map, parse_hccn_conf,
                                 parse_hccn_tool_ip, parse_spod_info, this_host_ip)
 
@@ -73,12 +73,12 @@ def test_device_ips_given_by_hand_win(fake_nics: None) -> None:
 
 
 def test_devices_without_any_address_are_named(fake_nics: None, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(TableInputError) as info:
         AscendHost(tool_path=TOOLS, hccn_conf=tmp_path / "none").device_ips([3, 8, 11], {})
     message = info.value.message
     assert message.startswith("no device IP for device(s) 8,11: hccn_tool gave no 'ipaddr:'")
     assert "pass --device-ip N=IP" in message
-    with pytest.raises(ConfigError, match="no hccn_tool on the tool path"):
+    with pytest.raises(TableInputError, match="no hccn_tool on the tool path"):
         AscendHost(tool_path=str(tmp_path), hccn_conf=tmp_path / "none").device_ips([0], {})
 
 
@@ -91,9 +91,9 @@ A2_CHIP_MAP = ("\tNPU ID                         Chip ID                        
 def test_parse_chip_map_skips_mcu_rows_and_needs_the_phy_id_column() -> None:
     chips = parse_chip_map((ASCEND_FIXTURES / "a3_host" / "info-m.txt").read_text(encoding="utf-8"))
     assert chips == {npu * 2 + chip: (npu, chip) for npu in range(8) for chip in range(2)}
-    with pytest.raises(ConfigError, match="no 'Chip Phy-ID' column"):
+    with pytest.raises(TableInputError, match="no 'Chip Phy-ID' column"):
         parse_chip_map(A2_CHIP_MAP)
-    with pytest.raises(ConfigError, match="no 'NPU ID' header"):
+    with pytest.raises(TableInputError, match="no 'NPU ID' header"):
         parse_chip_map("dcmi model initialized failed\n")
 
 
@@ -101,7 +101,7 @@ def test_parse_spod_info() -> None:
     text = "SDID                           : 16777216\nSuper Pod Size                 : 384\n" \
            "Super Pod ID                   : 0\nServer Index                   : 4\n"
     assert parse_spod_info(text) == SuperPodInfo(16777216, "0")
-    with pytest.raises(ConfigError, match="no SDID"):
+    with pytest.raises(TableInputError, match="no SDID"):
         parse_spod_info("Super Pod ID : 0\n")
 
 
@@ -112,9 +112,9 @@ def test_super_pod_info_asks_npu_smi_per_chip(fake_nics: None) -> None:
 
 
 def test_super_pod_info_errors(fake_nics: None, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no npu-smi on the tool path"):
+    with pytest.raises(TableInputError, match="no npu-smi on the tool path"):
         AscendHost(tool_path=str(tmp_path)).super_pod_info([0])
-    with pytest.raises(ConfigError, match="lists no chip with Chip Phy-ID 16"):
+    with pytest.raises(TableInputError, match="lists no chip with Chip Phy-ID 16"):
         AscendHost(tool_path=TOOLS).super_pod_info([16])
 
 
@@ -125,12 +125,12 @@ def test_this_host_ip_is_the_address_its_name_resolves_to(monkeypatch: pytest.Mo
 
 def test_a_name_resolving_only_to_loopback_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
-    with pytest.raises(ConfigError, match="^this host's name 'localhost' resolves only to loopback; "
+    with pytest.raises(TableInputError, match="^this host's name 'localhost' resolves only to loopback; "
                                           "pass --server-id$"):
         this_host_ip()
 
 
 def test_a_name_that_does_not_resolve_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: "npl-nowhere.invalid")
-    with pytest.raises(ConfigError, match="^cannot resolve this host's name to an IP .*; pass --server-id$"):
+    with pytest.raises(TableInputError, match="^cannot resolve this host's name to an IP .*; pass --server-id$"):
         this_host_ip()

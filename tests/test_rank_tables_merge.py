@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import RankTableError
+from rank_tables.errors import RankTableError
 from rank_tables.merge import merge_tables
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod
 from rank_tables.validate import validate

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
-from launcher.errors import LaunchError, RankTableError
+from parallel.contract import BadInput
+from rank_tables.errors import RankTableError
 from rank_tables.table import DeviceEntry, RankTable, SuperPod, load_rank_table
 
 
@@ -78,7 +79,7 @@ def test_a_missing_file(weird_tmp: Path) -> None:
     with pytest.raises(RankTableError) as info:
         load_rank_table(weird_tmp / "none.json")
     assert info.value.message == f"{weird_tmp / 'none.json'}: cannot read the rank table: No such file or directory"
-    assert isinstance(info.value, LaunchError) and info.value.exit_code == 2
+    assert isinstance(info.value, BadInput)  # the CLI: one line, exit 2
 
 
 def test_bad_json_names_line_and_column(weird_tmp: Path) -> None:

@@ -1,8 +1,8 @@
 """``npu-launch rank-table``: generate, merge, validate, show and build HCCL rank tables.
 
 Each command only parses options, builds a frozen config and calls one function. Bad input raises
-a ``LaunchError`` (exit code 2, one line per problem); ``python -m rank_tables.cli`` runs the
-group on its own.
+a ``LaunchError`` or the library's ``BadInput`` (exit code 2, one line); ``python -m
+launcher.rank_table_cli`` runs the group on its own.
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import click
 
 from parallel import contract
 
-from launcher.errors import ConfigError, RankTableError
+from launcher.errors import ConfigError
+from rank_tables.errors import RankTableError
 from launcher.limits import MAX_NODES, shown, whole_number
 from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
 from rank_tables.bounded import display_name
-from rank_tables.cluster import ClusterConfig, cluster_table, parse_host_paths
+from launcher.rank_table_cluster import ClusterConfig, cluster_table, parse_host_paths
 from rank_tables.generate import GenerateConfig, GeneratedServer, generate_server, parse_assignments, parse_device_list
 from rank_tables.merge import merge_tables
 from rank_tables.show import format_table
@@ -190,5 +191,7 @@ def _report_sources(generated: GeneratedServer) -> None:
         click.echo(f"device IPs of device(s) {','.join(devices)} from {source}", err=True)
 
 
-if __name__ == "__main__":
-    sys.exit(rank_table.main(prog_name="npu-launch rank-table"))
+if __name__ == "__main__":  # the same as ``npu-launch rank-table ...``, through its error funnel
+    from launcher.cli import main
+
+    main(["rank-table", *sys.argv[1:]])
