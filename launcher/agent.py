@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 from launcher import control
 from launcher.config import ConsoleFilter
 from launcher.events import prepare_dirs
+from launcher.limits import whole_number
 from launcher.output import Console
 from launcher.plan import LaunchPlan
 from launcher.supervisor import JobResult, Supervisor, SupervisorSettings
@@ -32,10 +33,9 @@ from launcher.supervisor import JobResult, Supervisor, SupervisorSettings
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
-def payload_for(plan: LaunchPlan, settings: SupervisorSettings) -> bytes:
+def payload_for(plan: LaunchPlan) -> bytes:
     """What node 0 sends every agent: one JSON line."""
-    body = {"plan": plan.to_json(), "kill_timeout": settings.kill_timeout,
-            "startup_timeout": settings.startup_timeout, "hang_timeout": settings.hang_timeout}
+    body = {"plan": plan.to_json()}
     return json.dumps(body).encode() + b"\n"
 
 
@@ -51,8 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     body = json.loads(_read_line(0) if from_stdin else Path(args.plan).read_bytes())
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
-    settings = SupervisorSettings(body["kill_timeout"], body["startup_timeout"], ConsoleFilter(),
-                                  body.get("hang_timeout", 0.0))
+    settings = SupervisorSettings.of(plan, ConsoleFilter())  # node 0 filters the console
     watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
     sys.exit(run_agent(plan, settings, node_rank, watch))
 
@@ -71,8 +70,9 @@ def _read_line(fd: int) -> bytes:
 
 def node_rank_from(environ: Mapping[str, str]) -> int:
     for name in NODE_RANK_SOURCES:
-        if environ.get(name, "").isdigit():
-            return int(environ[name])
+        node_rank = whole_number(environ.get(name, ""))
+        if node_rank is not None:
+            return node_rank
     raise SystemExit("npu-launch agent: no --node-rank and none of "
                      f"{', '.join(NODE_RANK_SOURCES)} set")
 

@@ -148,8 +148,7 @@ def _own_log_dir(job: Job) -> str:
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
             tracker: StartTracker) -> JobResult:
     plan = job.plan
-    settings = SupervisorSettings(config.kill_timeout, config.startup_timeout, config.console,
-                                  config.hang_timeout)
+    settings = SupervisorSettings.of(plan, config.console)
     console = Console(sys.stdout.buffer)
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
@@ -161,10 +160,10 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
         return Supervisor(plan, settings, environ, job.node_rank, console, tracker.on_event,
                           tracker.monitor.tick).run()
     prepare_dirs(plan.log_dir)
-    agents = job.backend.agent_launches(plan, payload_for(plan, settings))
+    agents = job.backend.agent_launches(plan, payload_for(plan))
     prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
     _write_plan(plan)
-    return ClusterSupervisor(plan, agents, config.kill_timeout, config.console, environ,
+    return ClusterSupervisor(plan, agents, plan.timeouts.kill, config.console, environ,
                              console, tracker.on_event, tracker.monitor.tick).run()
 
 

@@ -100,6 +100,16 @@ class ProcessSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Timeouts:
+    """How every node's supervisor waits: ``--kill-timeout``, ``--startup-timeout`` and
+    ``--hang-timeout`` (0: never), carried in the plan so agents get them with it."""
+
+    kill: float = 5.0
+    startup: float = 300.0
+    hang: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     """The whole job, every node's processes included."""
 
@@ -118,6 +128,7 @@ class LaunchPlan:
     """One rank on one node: it gets the terminal (stdin too, for pdb) instead of a log file."""
     token: str = ""
     """This launch's secret (``contract.TOKEN``): what teardown sweeps by."""
+    timeouts: Timeouts = Timeouts()
 
     @property
     def processes(self) -> tuple[ProcessSpec, ...]:
@@ -137,6 +148,7 @@ class LaunchPlan:
         data["device"] = DeviceKind(data["device"])
         data["scheduler"] = _spec_from_dict(data["scheduler"]) if data["scheduler"] else None
         data["ranks"] = tuple(_spec_from_dict(r) for r in data["ranks"])
+        data["timeouts"] = Timeouts(**data.get("timeouts", {}))
         return cls(**data)
 
     def render(self) -> str:
@@ -203,7 +215,9 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
                       workdir=os.path.abspath(config.workdir or "."),
                       foreground=len(ranks) == 1 and len(inputs.nodes) == 1
-                      and not inputs.agents, token=inputs.token)
+                      and not inputs.agents, token=inputs.token,
+                      timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
+                                        config.hang_timeout))
 
 
 def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:

@@ -48,6 +48,12 @@ class SupervisorSettings:
     console: ConsoleFilter
     hang_timeout: float = 0.0
 
+    @classmethod
+    def of(cls, plan: LaunchPlan, console: ConsoleFilter) -> "SupervisorSettings":
+        """The plan's timeouts, and which ranks this node's console shows."""
+        t = plan.timeouts
+        return cls(t.kill, t.startup, console, t.hang)
+
 
 class Supervisor:
     """Starts ``plan.on_node(node_rank)`` and watches it. ``run`` returns once all are gone."""
