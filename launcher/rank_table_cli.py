@@ -1,7 +1,7 @@
 """``npu-launch rank-table``: generate, merge, validate, show and build HCCL rank tables.
 
 Each command only parses options, builds a frozen config and calls one function. Bad input raises
-a ``LaunchError`` or the library's ``BadInput`` (exit code 2, one line); ``python -m
+a ``LaunchError`` (the library's ``BadInput`` becomes one too): exit code 2, one line; ``python -m
 launcher.rank_table_cli`` runs the group on its own.
 """
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import click
 
 from parallel import contract
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LaunchError
+from parallel.contract import BadInput
 from rank_tables.errors import RankTableError
 from launcher.limits import MAX_NODES, shown, whole_number
 from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
@@ -51,7 +52,18 @@ class WholeNumber(click.ParamType):
 PORT = WholeNumber(MAX_PORT)
 
 
-@click.group(name="rank-table")
+class _LibraryErrorsGroup(click.Group):
+    """The rank-table library raises plain ``BadInput``; here they become click's errors, so
+    the group says them in one line with exit code 2 however it is run."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BadInput as e:
+            raise LaunchError(e.message) from None
+
+
+@click.group(name="rank-table", cls=_LibraryErrorsGroup)
 def rank_table() -> None:
     """HCCL rank tables for Ascend rank-table mode (RANK_TABLE_FILE)."""
 
@@ -191,7 +203,5 @@ def _report_sources(generated: GeneratedServer) -> None:
         click.echo(f"device IPs of device(s) {','.join(devices)} from {source}", err=True)
 
 
-if __name__ == "__main__":  # the same as ``npu-launch rank-table ...``, through its error funnel
-    from launcher.cli import main
-
-    main(["rank-table", *sys.argv[1:]])
+if __name__ == "__main__":
+    sys.exit(rank_table.main(prog_name="npu-launch rank-table"))
