@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.events import EventTail  # noqa: E402
 from launcher.monitor import JobMonitor  # noqa: E402
+from launcher.stalls import FallingBehind  # noqa: E402
 
 EMITTER = """\
 import sys, time
@@ -92,7 +93,8 @@ def open_display(kind: str) -> tuple[TextIO, Optional[subprocess.Popen]]:
     return open(slave, "w"), drain
 
 
-def watch(procs: list, tails: list[EventTail], monitor: JobMonitor, tick: float) -> tuple[float, Usage]:
+def watch(procs: list, tails: list[EventTail], monitor: JobMonitor, behind: FallingBehind,
+          tick: float) -> tuple[float, Usage]:
     """The watch loop until every emitter exited; wall seconds and CPU by phase."""
     usage = Usage()
     wall0 = time.monotonic()
@@ -107,6 +109,7 @@ def watch(procs: list, tails: list[EventTail], monitor: JobMonitor, tick: float)
                 usage.events += 1
         c2 = time.process_time()
         monitor.tick()
+        behind()  # the stall check the launcher runs with --hang-timeout
         c3 = time.process_time()
         usage.tails += c1 - c0
         usage.on_event += c2 - c1
@@ -136,10 +139,11 @@ def main() -> None:
         stream, drain = open_display(args.display)
         try:
             monitor = JobMonitor(str(log_dir), "bench", {r: "bench-host" for r in range(args.ranks)},
-                                 stream, live=True, hang_timeout=30.0)
+                                 stream, live=True)
+            behind = FallingBehind(monitor.rank_states, 30.0)
             tails = [EventTail(str(log_dir / "events" / f"rank_{r}.jsonl")) for r in range(args.ranks)]
             cpu0 = time.process_time()
-            wall, usage = watch(procs, tails, monitor, args.tick)
+            wall, usage = watch(procs, tails, monitor, behind, args.tick)
             cpu = time.process_time() - cpu0
             summary = monitor.close("succeeded", 0)
         finally:

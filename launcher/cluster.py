@@ -20,7 +20,7 @@ from launcher import control
 from parallel import contract
 from launcher.config import ConsoleFilter
 from launcher.failures import Outcome, last_lines_block
-from launcher.monitor import Stall, describe_stall
+from launcher.stalls import Stall, describe_stall
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.process import Exit, ProcessGroup

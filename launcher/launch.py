@@ -38,6 +38,7 @@ from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_pl
 from launcher.preflight import render, run_preflight
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
+from launcher.stalls import FallingBehind, Stall
 from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message
 from rank_tables.table import RankTable
 
@@ -71,25 +72,29 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str],
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, config)
+    behind = FallingBehind(monitor.rank_states, config.hang_timeout) \
+        if config.hang_timeout > 0 else None
     result: Optional[JobResult] = None
     try:
-        result = run_with_restarts(job, config, environ, monitor, err)
+        result = run_with_restarts(job, config, environ, monitor, err, behind)
     finally:
+        stall = behind.first if behind else None
         if result is None:
-            monitor.close("error", 1, "npu-launch itself failed")
+            monitor.close("error", 1, "npu-launch itself failed", stall)
         else:
-            monitor.close(result.outcome.value, result.exit_code, result.message)
+            monitor.close(result.outcome.value, result.exit_code, result.message, stall)
     return result
 
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
-                      monitor: JobMonitor, err: TextIO) -> JobResult:
+                      monitor: JobMonitor, err: TextIO,
+                      behind: Optional[FallingBehind] = None) -> JobResult:
     """Run the job; after a failure that came once every rank had started (not an import
     error or a bad argument, which would fail again), start it anew up to ``--max-restarts``
     times. The ranks see ``NPU_LAUNCH_RESTART``; the trainer resumes from its checkpoints."""
     attempt = 0
     while True:
-        started = StartTracker(monitor)
+        started = StartTracker(monitor, behind)
         result = run_job(job, config, environ, started)
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
         if not restartable or attempt >= config.max_restarts or not started.all_of(job.plan):
@@ -103,11 +108,17 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
 
 
 class StartTracker:
-    """Forwards events to the monitor, remembering which ranks initialised in this attempt."""
+    """Forwards events to the monitor, remembering which ranks initialised in this attempt;
+    ``tick`` redraws the display and says whether a rank fell behind."""
 
-    def __init__(self, monitor: JobMonitor) -> None:
+    def __init__(self, monitor: JobMonitor, behind: Optional[FallingBehind] = None) -> None:
         self.monitor = monitor
+        self.behind = behind
         self.initialised: set[int] = set()
+
+    def tick(self) -> Optional[Stall]:
+        self.monitor.tick()
+        return self.behind() if self.behind is not None else None
 
     def on_event(self, event: dict) -> None:
         kind = event.get("event")
@@ -130,7 +141,7 @@ def _monitor(job: Job, config: LaunchConfig) -> JobMonitor:
     specs = plan.on_node(job.node_rank) if _by_hand(job) else plan.processes
     return JobMonitor(_own_log_dir(job), plan.job_id,
                       {s.rank: s.host for s in specs if s.rank is not None},
-                      sys.stdout if live else sys.stderr, live, config.hang_timeout or None)
+                      sys.stdout if live else sys.stderr, live)
 
 
 def _by_hand(job: Job) -> bool:
@@ -158,13 +169,13 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
         return Supervisor(plan, settings, environ, job.node_rank, console, tracker.on_event,
-                          tracker.monitor.tick).run()
+                          tracker.tick).run()
     prepare_dirs(plan.log_dir)
     agents = job.backend.agent_launches(plan, payload_for(plan))
     prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
     _write_plan(plan)
     return ClusterSupervisor(plan, agents, plan.timeouts.kill, config.console, environ,
-                             console, tracker.on_event, tracker.monitor.tick).run()
+                             console, tracker.on_event, tracker.tick).run()
 
 
 def _write_plan(plan: LaunchPlan) -> None:

@@ -44,31 +44,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
 from parallel import contract
 from parallel.config import ExecMode
 
+from launcher.stalls import Stall
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
-_STALL_CHECK_INTERVAL = 0.5
 _MAX_TABLE_ROWS = 8
 _LABEL_WIDTH = 22
-
-
-@dataclasses.dataclass(frozen=True)
-class Stall:
-    """A rank that stopped making progress while others went on."""
-
-    rank: int
-    host: str
-    last_step: Optional[int]
-    silent_for: float
-
-
-def describe_stall(stall: Stall, job_id: str) -> str:
-    """The block printed when the job is stopped because of ``stall``."""
-    where = (f"at step {stall.last_step}" if stall.last_step is not None
-             else "before its first step")
-    return (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled {where}: "
-            f"no progress for {stall.silent_for:.0f} s while other ranks advanced")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,18 +219,6 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Mapping[str, Any], float], N
 }
 
 
-def find_stall(ranks: Iterable[RankState], now: float, timeout: float) -> Optional[Stall]:
-    """The rank silent longest beyond ``timeout`` while another stepped within it, if any."""
-    states = list(ranks)
-    recent = {s.rank for s in states if s.stepped_at is not None and now - s.stepped_at <= timeout}
-    silent = [(s.progress_at, s.rank, s) for s in states if not s.done and s.progress_at is not None
-              and now - s.progress_at > timeout and recent - {s.rank}]
-    if not silent:
-        return None
-    since, _, worst = min(silent, key=lambda item: item[:2])
-    return Stall(worst.rank, worst.host, worst.step, now - since)
-
-
 def status_line(ranks: Iterable[RankState]) -> Optional[str]:
     """``step 120 | loss 0.31 | 1543 samples/s | slowest rank 3 | held-out acc 0.95 loss 0.16
     (epoch 2)``, plus the execution mode unless every rank runs GRAPH_MODE; None before any step.
@@ -406,23 +376,19 @@ class JobMonitor:
     """Per-rank state of a running job, its metrics file, status display and stall check."""
 
     def __init__(self, log_dir: str, job_id: str, ranks: Mapping[int, str], stream: TextIO,
-                 live: bool, hang_timeout: Optional[float] = None,
+                 live: bool,
                  clock: Callable[[], float] = time.time) -> None:
         self._log_dir = log_dir
         self._job_id = job_id
         self._stream = stream
-        self._hang_timeout = hang_timeout if hang_timeout and hang_timeout > 0 else None
         self._clock = clock
         self._state = JobState(ranks)
         self._lock = threading.Lock()
         self._started = clock()
         self._footer = _Footer(stream, table_height(len(ranks))) if live else None
         self._next_status = self._started
-        self._next_stall_check = self._started
         self._news_since_status = False
         self._dirty = False
-        self._stall: Optional[Stall] = None
-        self._first_stall: Optional[Stall] = None
         self._summary: Optional[dict[str, Any]] = None
         os.makedirs(log_dir, exist_ok=True)
         self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "w")
@@ -445,8 +411,8 @@ class JobMonitor:
                           "returncode": returncode, "time": self._clock()})
             self._state.exited(rank, returncode)
 
-    def tick(self) -> Optional[Stall]:
-        """Flush metrics, redraw the status when due; the stall, if a rank stalled."""
+    def tick(self) -> None:
+        """Flush metrics and redraw the status when due."""
         with self._lock:
             now = self._clock()
             if self._dirty and self._metrics is not None:
@@ -454,13 +420,14 @@ class JobMonitor:
                 self._dirty = False
             if now >= self._next_status:
                 self._show_status(now)
-            if self._hang_timeout is not None and now >= self._next_stall_check:
-                self._next_stall_check = now + _STALL_CHECK_INTERVAL
-                self._stall = find_stall(self._state.ranks.values(), now, self._hang_timeout)
-                self._first_stall = self._first_stall or self._stall
-            return self._stall
 
-    def close(self, outcome: str, exit_code: int, message: str = "") -> dict:
+    def rank_states(self) -> list[RankState]:
+        """A copy of every rank's state, for the stall check (``stalls.FallingBehind``)."""
+        with self._lock:
+            return [dataclasses.replace(s) for s in self._state.ranks.values()]
+
+    def close(self, outcome: str, exit_code: int, message: str = "",
+              stall: Optional[Stall] = None) -> dict:
         """Finish the display, close metrics.jsonl, write summary.json atomically; return it.
 
         Closing again returns the first summary unchanged."""
@@ -470,7 +437,7 @@ class JobMonitor:
                 if self._metrics is not None:
                     self._metrics.close()
                     self._metrics = None
-                self._summary = self._build_summary(outcome, exit_code, message)
+                self._summary = self._build_summary(outcome, exit_code, message, stall)
                 _write_json_atomically(os.path.join(self._log_dir, SUMMARY_FILE), self._summary)
             return self._summary
 
@@ -495,10 +462,10 @@ class JobMonitor:
             now = self._clock()
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
 
-    def _build_summary(self, outcome: str, exit_code: int, message: str) -> dict[str, Any]:
+    def _build_summary(self, outcome: str, exit_code: int, message: str,
+                       stall: Optional[Stall]) -> dict[str, Any]:
         return build_summary(self._job_id, self._state, self._started, self._clock(),
-                             str(getattr(outcome, "value", outcome)), exit_code, message,
-                             self._first_stall)
+                             str(getattr(outcome, "value", outcome)), exit_code, message, stall)
 
 
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],

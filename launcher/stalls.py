@@ -1,6 +1,9 @@
-"""Hang detection: which rank stopped making progress, and where it is stuck.
+"""Hang detection, all of it: which rank stopped making progress, and where it is stuck.
 
-A rank makes progress when it reports a step. Once every running rank of this node has been
+Two checks, one module. ``FallingBehind`` reads the job's events (the monitor's rank states,
+every rank of every node on node 0): a rank silent for ``--hang-timeout`` while others step on
+is a ``Stall``. ``StallWatch`` runs in each node's supervisor for the case where nobody steps:
+a rank makes progress when it reports a step. Once every running rank of this node has been
 silent for ``--hang-timeout`` (after the first step of the job), the launcher asks each one for
 its Python stack (the rank hook registered ``faulthandler`` on SIGUSR1): in synchronous data
 parallelism the healthy ranks wait inside MindSpore's collectives, so a rank whose main thread
@@ -13,12 +16,78 @@ import os
 import re
 import signal
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _MINDSPORE = os.sep + "mindspore" + os.sep
 _DUMP_WAIT = 0.5
+_BEHIND_CHECK_INTERVAL = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """A rank that stopped making progress while others went on."""
+
+    rank: int
+    host: str
+    last_step: Optional[int]
+    silent_for: float
+
+
+def describe_stall(stall: Stall, job_id: str) -> str:
+    """The block printed when the job is stopped because of ``stall``."""
+    where = (f"at step {stall.last_step}" if stall.last_step is not None
+             else "before its first step")
+    return (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled {where}: "
+            f"no progress for {stall.silent_for:.0f} s while other ranks advanced")
+
+
+class Progress(Protocol):
+    """What the stall check reads of a rank (the monitor's ``RankState``)."""
+
+    rank: int
+    host: str
+    step: Optional[int]
+    stepped_at: Optional[float]
+    progress_at: Optional[float]
+
+    @property
+    def done(self) -> bool: ...
+
+
+def find_stall(ranks: Iterable[Progress], now: float, timeout: float) -> Optional[Stall]:
+    """The rank silent longest beyond ``timeout`` while another stepped within it, if any."""
+    states = list(ranks)
+    recent = {s.rank for s in states if s.stepped_at is not None and now - s.stepped_at <= timeout}
+    silent = [(s.progress_at, s.rank, s) for s in states if not s.done and s.progress_at is not None
+              and now - s.progress_at > timeout and recent - {s.rank}]
+    if not silent:
+        return None
+    since, _, worst = min(silent, key=lambda item: item[:2])
+    return Stall(worst.rank, worst.host, worst.step, now - since)
+
+
+class FallingBehind:
+    """``find_stall`` over the job's rank states every half second; ``first`` is the first
+    stall seen (``summary.json`` keeps it)."""
+
+    def __init__(self, states: Callable[[], Iterable[Progress]], timeout: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._states = states
+        self._timeout = timeout
+        self._clock = clock
+        self._next_check = 0.0
+        self._stall: Optional[Stall] = None
+        self.first: Optional[Stall] = None
+
+    def __call__(self) -> Optional[Stall]:
+        now = self._clock()
+        if now >= self._next_check:
+            self._next_check = now + _BEHIND_CHECK_INTERVAL
+            self._stall = find_stall(self._states(), now, self._timeout)
+            self.first = self.first or self._stall
+        return self._stall
 
 
 @dataclasses.dataclass(frozen=True)

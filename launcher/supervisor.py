@@ -21,9 +21,8 @@ from launcher.failures import (ErrorReport, Failure, Outcome, describe_failure, 
                                root_cause)
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
-from launcher.monitor import Stall, describe_stall
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import StallWatch, culprits, describe_hang, sample_stacks
+from launcher.stalls import Stall, StallWatch, culprits, describe_hang, describe_stall, sample_stacks
 
 _TICK = 0.02
 _DRAIN_TIMEOUT = 0.5
@@ -64,7 +63,8 @@ class Supervisor:
                  on_event: Optional[Callable[[dict], None]] = None,
                  stall_check: Optional[Callable[[], Optional[Stall]]] = None) -> None:
         """``on_event`` gets every rank event, plus ``rank-exited`` and ``node-ranks-done``;
-        ``stall_check`` (the job monitor's) may name a rank that fell behind the others."""
+        ``stall_check`` (``stalls.FallingBehind``, also the display's tick) may name a rank that
+        fell behind the others."""
         self._plan = plan
         self._settings = settings
         self._base_env = base_env

@@ -21,7 +21,8 @@ from helpers import REPO, wait_for
 from parallel import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome
-from launcher.monitor import JobMonitor, Stall, describe_stall, table_height
+from launcher.monitor import JobMonitor, table_height
+from launcher.stalls import FallingBehind, Stall, describe_stall
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}
@@ -66,11 +67,9 @@ def evaluation(rank: int, t: float, epoch: int, step_: int, accuracy: Optional[f
 
 
 def make_monitor(log_dir: Path, clock: FakeClock, stream: Optional[io.StringIO] = None,
-                 live: bool = False, hang_timeout: Optional[float] = None,
-                 ranks: Optional[dict] = None) -> JobMonitor:
+                 live: bool = False, ranks: Optional[dict] = None) -> JobMonitor:
     return JobMonitor(str(log_dir), "job-1", HOSTS if ranks is None else ranks,
-                      stream if stream is not None else io.StringIO(), live,
-                      hang_timeout=hang_timeout, clock=clock)
+                      stream if stream is not None else io.StringIO(), live, clock=clock)
 
 
 def metrics(log_dir: Path) -> list[dict]:
@@ -201,16 +200,18 @@ def test_close_twice_keeps_the_first_summary(weird_tmp: Path) -> None:
 # Stalls --------------------------------------------------------------------------------------
 
 def run_steps(monitor: JobMonitor, clock: FakeClock, ranks: tuple[int, ...], start: float,
-              end: float, every: float = 1.0) -> Optional[Stall]:
-    """Ranks in ``ranks`` step once every ``every`` seconds, the monitor ticking after each
-    round; the first stall it reports, if any."""
+              end: float, every: float = 1.0,
+              behind: Optional[FallingBehind] = None) -> Optional[Stall]:
+    """Ranks in ``ranks`` step once every ``every`` seconds, the monitor ticking and the stall
+    check asked after each round; the first stall it reports, if any."""
     n = 0
     clock.now = start
     while clock.now <= end:
         n += 1
         for rank in ranks:
             monitor.on_event(step(rank, clock.now, n))
-        stall = monitor.tick()
+        monitor.tick()
+        stall = behind() if behind is not None else None
         if stall is not None:
             return stall
         clock.now += every
@@ -224,64 +225,62 @@ def initialise(monitor: JobMonitor, clock: FakeClock) -> None:
 
 def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=30)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 30, clock)
     initialise(monitor, clock)
-    assert run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 12.0) is None
+    assert run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 12.0, behind=behind) is None
     # rank 2 went quiet after step 12 (at t=12); the others go on.
-    assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0) is None  # silent 30 s: not yet
+    assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0, behind=behind) is None  # silent 30 s: not yet
     clock.now = 42.5
-    stall = monitor.tick()
+    stall = behind()
     assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5)
     assert describe_stall(stall, "job-1") == (
         "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
         "30 s while other ranks advanced")
-    assert monitor.close("stalled", 1)["stall"] == {"rank": 2, "host": "node b", "last_step": 12,
+    assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {"rank": 2, "host": "node b", "last_step": 12,
                                                    "silent_for": 30.5}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=20)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 20, clock)
     initialise(monitor, clock)
-    stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0)
+    stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
     assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0)
     assert "stalled before its first step" in describe_stall(stall, "job-1")
 
 
 def test_no_stall_when_every_rank_is_silent(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=30)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 30, clock)
     initialise(monitor, clock)
-    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 10.0)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 10.0, behind=behind)
     for t in (45.0, 100.0, 1000.0):  # a long evaluation, say: nobody steps
         clock.now = t
-        assert monitor.tick() is None
+        assert behind() is None
 
 
 def test_no_stall_before_any_rank_has_stepped(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=5)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 5, clock)
     monitor.on_event(record("initialised", 0, 0.0))
     clock.now = 500.0
     monitor.on_event(record("initialised", 1, 500.0))
-    assert monitor.tick() is None
+    assert behind() is None
 
 
 def test_finished_or_exited_ranks_are_not_stalled(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=10)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 10, clock)
     initialise(monitor, clock)
-    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 3.0)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 3.0, behind=behind)
     monitor.on_event(record("finished", 2, clock.now, steps=3))
     monitor.on_exit(3, 0)
-    assert run_steps(monitor, clock, (0, 1), 4.0, 40.0) is None
-
-
-def test_without_a_hang_timeout_nothing_stalls(weird_tmp: Path) -> None:
-    clock = FakeClock(0.0)
-    monitor = make_monitor(weird_tmp, clock, hang_timeout=None)
-    initialise(monitor, clock)
-    assert run_steps(monitor, clock, (0,), 1.0, 500.0, every=5.0) is None
+    assert run_steps(monitor, clock, (0, 1), 4.0, 40.0, behind=behind) is None
 
 
 # Status display ------------------------------------------------------------------------------
