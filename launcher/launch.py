@@ -115,6 +115,9 @@ class StartTracker:
         self.monitor = monitor
         self.behind = behind
         self.initialised: set[int] = set()
+        monitor.begin_attempt()
+        if behind is not None:
+            behind.begin_attempt()
 
     def tick(self) -> Optional[Stall]:
         self.monitor.tick()

@@ -421,6 +421,15 @@ class JobMonitor:
             if now >= self._next_status:
                 self._show_status(now)
 
+    def begin_attempt(self) -> None:
+        """A (restarted) job begins: no rank has made progress, finished or exited in it yet;
+        what it reported before (steps, losses, evaluations) stays for the summary."""
+        with self._lock:
+            for state in self._state.ranks.values():
+                state.progress_at = state.stepped_at = None
+                state.finished = state.exited = False
+                state.exit_code = None
+
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.FallingBehind``)."""
         with self._lock:

@@ -70,7 +70,8 @@ def find_stall(ranks: Iterable[Progress], now: float, timeout: float) -> Optiona
 
 class FallingBehind:
     """``find_stall`` over the job's rank states every half second; ``first`` is the first
-    stall seen (``summary.json`` keeps it)."""
+    stall seen (``summary.json`` keeps it). ``begin_attempt`` forgets the last attempt's stall
+    (the monitor forgets its progress: ``JobMonitor.begin_attempt``)."""
 
     def __init__(self, states: Callable[[], Iterable[Progress]], timeout: float,
                  clock: Callable[[], float] = time.time) -> None:
@@ -80,6 +81,9 @@ class FallingBehind:
         self._next_check = 0.0
         self._stall: Optional[Stall] = None
         self.first: Optional[Stall] = None
+
+    def begin_attempt(self) -> None:
+        self._stall, self._next_check = None, 0.0
 
     def __call__(self) -> Optional[Stall]:
         now = self._clock()

@@ -521,3 +521,23 @@ def test_live_table_shows_the_ranks_furthest_behind_when_there_are_many(weird_tm
     assert len(rows) == table_height(12) - 2 == 9
     assert {"h0:5", "h1:9"} <= set(rows[:8]) and rows[8] == "..."
     assert out.getvalue().endswith("... and 4 more ranks (showing the furthest behind)\x1b8")
+
+
+def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
+    """After a stall and a restart (--max-restarts), the old stall and the old progress do not
+    count: the new attempt is stopped only when a rank falls behind in it."""
+    clock = FakeClock(0.0)
+    monitor = make_monitor(weird_tmp, clock)
+    behind = FallingBehind(monitor.rank_states, 10, clock)
+    initialise(monitor, clock)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 5.0, behind=behind)
+    assert run_steps(monitor, clock, (0, 1, 3), 6.0, 30.0, behind=behind) is not None
+    for rank in (0, 1, 2, 3):  # the job stops, every rank exits, the job starts again
+        monitor.on_exit(rank, -15)
+    monitor.begin_attempt()
+    behind.begin_attempt()
+    assert behind() is None
+    assert run_steps(monitor, clock, (0, 1, 2, 3), clock.now + 1, clock.now + 20, behind=behind) is None
+    stall = run_steps(monitor, clock, (0, 1, 3), clock.now + 1, clock.now + 20, behind=behind)
+    assert stall is not None and stall.rank == 2
+    assert behind.first is not None and behind.first.rank == 2
