@@ -1,4 +1,4 @@
-"""Watching a running job from the host: metrics.jsonl, a status display, stalls, summary.json.
+"""Watching a running job from the host: metrics.jsonl, a status display, summary.json.
 
 The supervisor hands every rank event to ``JobMonitor.on_event`` (local ranks from their events
 files, remote ranks through the same callback) and calls ``tick`` about every 20 ms. The monitor
@@ -17,16 +17,9 @@ is not GRAPH_MODE everywhere (PyNative is about 2x slower, worth a look). A rank
 one it reported: ``initialised`` says what ``init()`` chose, the trainer's first ``step`` and its
 ``finished`` what the train step ran in.
 
-Stalls. With a hang timeout, a rank is stalled once it made no progress (no step event; before
-its first one, its ``initialised`` event) for longer than the timeout while some other rank
-stepped within that window. Times are the monitor's clock when a record arrived, not the
-rank's own ``time``, so clock skew between hosts cannot fake or hide a stall. Nothing is flagged
-before any rank has stepped: start-up belongs to the supervisor's start-up timeout. The check
-runs at most every 0.5 s; summary.json records the first stall seen. In synchronous data
-parallelism the others block in the next collective soon after one rank hangs, so this names a
-rank only when the others still advance for a while (looser coupling, or a timeout shorter
-than the gap); when every rank goes quiet nothing is flagged, by design (an evaluation looks
-the same).
+The stall check (``stalls.FallingBehind``) reads ``rank_states``: its times are the monitor's
+clock when a record arrived (``progress_at``, ``stepped_at``), not the rank's own ``time``, so
+clock skew between hosts cannot fake or hide a stall.
 
 Every method holds one lock, so remote records may arrive from another thread. ``close`` belongs
 in the supervisor's ``finally``: until it runs, a terminal keeps the scroll region.
@@ -41,10 +34,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
 
+from launcher.stalls import Stall
 from parallel import contract
 from parallel.config import ExecMode
-
-from launcher.stalls import Stall
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 _LIVE_INTERVAL = 1.0
@@ -373,7 +365,8 @@ class _Footer:
 
 
 class JobMonitor:
-    """Per-rank state of a running job, its metrics file, status display and stall check."""
+    """Per-rank state of a running job, its metrics file and status display (the stall check,
+    ``stalls.FallingBehind``, reads ``rank_states``)."""
 
     def __init__(self, log_dir: str, job_id: str, ranks: Mapping[int, str], stream: TextIO,
                  live: bool,

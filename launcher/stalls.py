@@ -8,6 +8,17 @@ silent for ``--hang-timeout`` (after the first step of the job), the launcher as
 its Python stack (the rank hook registered ``faulthandler`` on SIGUSR1): in synchronous data
 parallelism the healthy ranks wait inside MindSpore's collectives, so a rank whose main thread
 is anywhere else (user code, a sleep, a data loader) is the one that hangs.
+
+``FallingBehind``: a rank is stalled once it made no progress (no step event; before its first
+one, its ``initialised`` event) for longer than the timeout while some other rank stepped
+within that window. Times are the monitor's clock when a record arrived, not the rank's own
+``time``, so clock skew between hosts cannot fake or hide a stall. Nothing is flagged
+before any rank has stepped: start-up belongs to the supervisor's start-up timeout. The check
+runs at most every 0.5 s; summary.json records the first stall seen. In synchronous data
+parallelism the others block in the next collective soon after one rank hangs, so this names a
+rank only when the others still advance for a while (looser coupling, or a timeout shorter
+than the gap); when every rank goes quiet nothing is flagged, by design (an evaluation looks
+the same). A restarted job is judged afresh (``begin_attempt`` here and in the monitor).
 """
 from __future__ import annotations
 
