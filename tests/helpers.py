@@ -47,14 +47,17 @@ def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = N
                           text=True, timeout=timeout)
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    """Exit 2 and one line ``npu-launch: error: ...`` holding every needle: the bad-input rule."""
-    assert result.returncode == 2, result.stdout + result.stderr
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 2, no traceback, and one line ``npu-launch: error: ...`` holding every needle: the
+    bad-input rule. Returns the line."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:] + result.stderr[-3000:])
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+    assert len(lines) == 1, result.stderr[-3000:]
     assert lines[0].startswith("npu-launch: error: "), lines[0]
     for needle in needles:
         assert needle in lines[0], lines[0]
+    return lines[0]
 
 
 def checksums(stdout: str) -> dict[str, str]:

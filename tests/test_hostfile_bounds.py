@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from helpers import npu_launch_argv
+from helpers import assert_one_line_error, npu_launch_argv
 from launcher.backends import TransportOptions
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.ssh import SshBackend, split_ssh_options, ssh_argv
@@ -260,11 +260,8 @@ def _cli(tmp_path: Path, *args: str, timeout: float = 30) -> subprocess.Complete
 
 
 def _one_line_exit_2(result: subprocess.CompletedProcess, tmp_path: Path, words: str) -> None:
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("npu-launch: error: "), result.stderr[-2000:]
-    assert words in lines[0] and len(lines[0]) < LONGEST_MESSAGE + 50, lines[0]
+    line = assert_one_line_error(result, words)
+    assert len(line) < LONGEST_MESSAGE + 50, line
     assert result.stdout == ""
     assert not (tmp_path / "npu_launch_logs").exists()
 

@@ -15,7 +15,7 @@ from typing import Callable, Union
 
 import pytest
 
-from helpers import RANK_TABLE_EXAMPLES, fake_ascend_env, npu_launch_argv
+from helpers import RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv
 
 TIMEOUT_S = 60
 """Far above the second or so each case takes: only a hang reaches it."""
@@ -133,15 +133,10 @@ def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedP
 
 
 def assert_refused(result: subprocess.CompletedProcess, *words: str) -> str:
-    """Exit 2, no traceback, one stderr line ``npu-launch: error: ...`` holding every word."""
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("npu-launch: error: "), result.stderr[:3000]
-    assert len(lines[0]) <= LONGEST_LINE, lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
+    """The bad-input rule (``assert_one_line_error``), with the line's length bounded."""
+    line = assert_one_line_error(result, *words)
+    assert len(line) <= LONGEST_LINE, line
+    return line
 
 
 @pytest.fixture
