@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from launcher.errors import ConfigError, HostfileError
-from launcher.limits import (MAX_FILE_BYTES, MAX_NODES, MAX_RANKS_PER_NODE, read_at_most, shown,
-                             whole_number)
+from launcher.limits import (MAX_FILE_BYTES, MAX_NODES, MAX_RANKS_PER_NODE, NotUtf8, read_at_most,
+                             shown, utf8_text, whole_number)
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
@@ -75,11 +75,9 @@ def read_hostfile(path: Union[str, Path]) -> list[HostEntry]:
         raise HostfileError(f"{name}: larger than {MAX_FILE_BYTES // 1024 // 1024} MiB, the "
                             "most a hostfile may be (one short line per host)")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise HostfileError(f"{name}:{line}: not UTF-8 text "
-                            f"(byte 0x{data[exc.start]:02x})") from None
+        text = utf8_text(data)
+    except NotUtf8 as exc:
+        raise HostfileError(f"{name}:{exc.line}: {exc}") from None
     return parse_hostfile(text, name)
 
 

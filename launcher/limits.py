@@ -12,12 +12,14 @@ import shlex
 from launcher.errors import ConfigError
 from parallel.contract import MAX_SHOWN, shown
 from rank_tables.bounded import (MAX_DEVICE_ID, MAX_FILE_BYTES, MAX_JSON_DEPTH,
-                                 MAX_RANK_TABLE_BYTES, PIPE_WAIT, read_at_most, whole_number)
+                                 MAX_RANK_TABLE_BYTES, PIPE_WAIT, NotUtf8, read_at_most,
+                                 utf8_text, whole_number)
 
 # Re-exported: the host side takes every bound from here (the rank-table library, below the
 # launcher, owns the ones it needs itself).
 __all__ = ["MAX_SHOWN", "shown", "MAX_DEVICE_ID", "MAX_FILE_BYTES", "MAX_JSON_DEPTH",
-           "MAX_RANK_TABLE_BYTES", "PIPE_WAIT", "read_at_most", "whole_number"]
+           "MAX_RANK_TABLE_BYTES", "PIPE_WAIT", "NotUtf8", "read_at_most", "utf8_text",
+           "whole_number"]
 
 MAX_RANKS_PER_NODE = 64
 """``--cards`` and hostfile ``slots``: an Ascend server holds 8 or 16 cards; CPU ranks on one
@@ -44,10 +46,9 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
     if len(data) > limit:
         raise ConfigError(f"{what} {path}: larger than {limit // 1024} KiB")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
+        return utf8_text(data)
+    except NotUtf8 as e:
+        raise ConfigError(f"{path}:{e.line}: not UTF-8 text") from None
 
 
 MAX_WORDS_CHARS = 4096

@@ -65,11 +65,26 @@ def read_text(path: Union[str, Path], max_bytes: int, what: str, name: Optional[
     name = name or display_name(path)
     data = _read_bytes(path, max_bytes, what, name)
     try:
+        return utf8_text(data)
+    except NotUtf8 as exc:
+        raise UnreadableFile(f"{name}:{exc.line}:{exc.column}: {exc}; a {what} must be UTF-8") from None
+
+
+class NotUtf8(ValueError):
+    """Bytes that are not UTF-8: where the first bad byte is (1-based line and column)."""
+
+    def __init__(self, data: bytes, index: int) -> None:
+        self.line, self.column = place_in(data, index)
+        self.byte = data[index]
+        super().__init__(f"not UTF-8 text (byte 0x{self.byte:02x})")
+
+
+def utf8_text(data: bytes) -> str:
+    """``data`` decoded, or ``NotUtf8`` naming the place: every reader of input decodes here."""
+    try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line, column = place_in(data, exc.start)
-        raise UnreadableFile(f"{name}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
-                             f"a {what} must be UTF-8") from None
+        raise NotUtf8(data, exc.start) from None
 
 
 def _read_bytes(path: Union[str, Path], max_bytes: int, what: str, name: str) -> bytes:

@@ -108,25 +108,29 @@ def _run(argv: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return result
 
 
+def _assert_launched_as_data(argv: list[str], cluster, job: str, tmp_path: Path,
+                             hostile_dir: Path, no_pwned) -> None:
+    """Run the job from the hostile directory; everything arrived byte for byte on every host,
+    no PWNED anywhere, and nothing of the job is left running."""
+    _run(argv, hostile_dir, cluster.env)
+    _assert_arrived(tmp_path, hostile_dir, cluster.names)
+    assert no_pwned(cluster.workdir) == []
+    assert_no_job_processes(job)
+
+
 def test_ssh_passes_directory_arguments_and_env_as_data(ssh_cluster, tmp_path: Path,
                                                         hostile_dir: Path, no_pwned) -> None:
     argv = _job_argv(hostile_dir, tmp_path, "q-ssh", "--hostfile",
                      str(_hostfile(tmp_path, ssh_cluster, user="root")),
                      "--ssh-option", f"-F {ssh_cluster.ssh_config_path}")
-    _run(argv, hostile_dir, ssh_cluster.env)
-    _assert_arrived(tmp_path, hostile_dir, ssh_cluster.names)
-    assert no_pwned(ssh_cluster.workdir) == []
-    assert_no_job_processes("q-ssh")
+    _assert_launched_as_data(argv, ssh_cluster, "q-ssh", tmp_path, hostile_dir, no_pwned)
 
 
 def test_srun_passes_directory_arguments_and_env_as_data(slurm_cluster, tmp_path: Path,
                                                          hostile_dir: Path, no_pwned) -> None:
     argv = ["salloc", "-N2", "--job-name=npl-quoting",
             *_job_argv(hostile_dir, tmp_path, "q-srun", "--launcher", "slurm")]
-    _run(argv, hostile_dir, slurm_cluster.env)
-    _assert_arrived(tmp_path, hostile_dir, slurm_cluster.names)
-    assert no_pwned(slurm_cluster.workdir) == []
-    assert_no_job_processes("q-srun")
+    _assert_launched_as_data(argv, slurm_cluster, "q-srun", tmp_path, hostile_dir, no_pwned)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
@@ -138,10 +142,7 @@ def test_mpirun_passes_directory_arguments_and_env_as_data(ssh_cluster, tmp_path
     argv = _job_argv(hostile_dir, tmp_path, "q-mpi", "--launcher", "mpi",
                      "--hostfile", str(_hostfile(tmp_path, ssh_cluster)), "--launcher-args", mca,
                      "--ssh-option", f"-F {ssh_cluster.ssh_config_path}")
-    _run(argv, hostile_dir, ssh_cluster.env)
-    _assert_arrived(tmp_path, hostile_dir, ssh_cluster.names)
-    assert no_pwned(ssh_cluster.workdir) == []
-    assert_no_job_processes("q-mpi")
+    _assert_launched_as_data(argv, ssh_cluster, "q-mpi", tmp_path, hostile_dir, no_pwned)
 
 
 def test_preflight_probes_from_a_hostile_directory_as_data(ssh_cluster, tmp_path: Path,
