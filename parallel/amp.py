@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
+
+_E = TypeVar("_E", bound=enum.Enum)
 
 
 class AmpError(ValueError):
@@ -129,13 +131,13 @@ _O1_CELLS = ("Conv1d", "Conv2d", "Conv3d", "Conv1dTranspose", "Conv2dTranspose",
 """The cell classes in MindSpore's O1 white list (``mindspore.train.amp.AMP_WHITE_LIST``)."""
 
 
-def _o1_cells() -> tuple[type, ...]:
+def _o1_cells() -> tuple[type[Any], ...]:
     from mindspore import nn
 
     return tuple(getattr(nn, name) for name in _O1_CELLS)
 
 
-def _cast_cells(network: Any, kinds: tuple[type, ...], dtype: Any) -> None:
+def _cast_cells(network: Any, kinds: tuple[type[Any], ...], dtype: Any) -> None:
     """Run every sub-cell of ``kinds`` in ``dtype`` with its output cast back to float32."""
     from mindspore import nn
     from mindspore.train.amp import _OutputTo32
@@ -181,7 +183,7 @@ def restore_scaler(scaler: Optional[Any], scale: float, counter: int) -> None:
         scaler.counter.set_data(ms.Tensor(counter, ms.int32))
 
 
-def _enum(kind: type, value: Any, what: str) -> Any:
+def _enum(kind: type[_E], value: Any, what: str) -> _E:
     try:
         return kind(value)
     except ValueError:

@@ -27,7 +27,8 @@ import dataclasses
 import enum
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple,
+                    Union)
 
 import mindspore.dataset as ds
 import numpy as np
@@ -39,7 +40,18 @@ from parallel.topology import RankInfo
 __all__ = ["sharded_dataset", "ShardPlan", "SourceKind", "source_kind", "EpochShardSampler",
            "write_mindrecord", "write_mindrecord_from_folder"]
 
-Source = Union[str, os.PathLike, Sequence[Any], Mapping[str, np.ndarray], np.ndarray]
+
+class RandomAccess(Protocol):
+    """A random-access source: any object with ``__getitem__`` and ``__len__``."""
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+Paths = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+"""MindRecord file(s): one path or a list of them."""
+Source = Union[Paths, Sequence[Any], Mapping[str, np.ndarray], np.ndarray, RandomAccess]
 
 
 class SourceKind(str, enum.Enum):
@@ -154,7 +166,7 @@ def sharded_dataset(source: Source, info: RankInfo, batch_size: int, shuffle: bo
     return dataset.batch(batch_size, drop_remainder=drop_remainder, num_parallel_workers=num_workers)
 
 
-def _mindrecord(source: Source, plan: ShardPlan, columns: Optional[Sequence[str]], workers: int,
+def _mindrecord(source: Paths, plan: ShardPlan, columns: Optional[Sequence[str]], workers: int,
                 options: Dict[str, Any]) -> ds.Dataset:
     files = _paths(source)
     total = ds.MindDataset(files, columns_list=_list(columns)).get_dataset_size()
@@ -195,7 +207,7 @@ def _numpy_length(data: Any) -> int:
     return len(data if isinstance(data, np.ndarray) else data[0])
 
 
-def _random_access(source: Source, plan: ShardPlan, columns: Optional[Sequence[str]], workers: int,
+def _random_access(source: RandomAccess, plan: ShardPlan, columns: Optional[Sequence[str]], workers: int,
                    options: Dict[str, Any]) -> ds.Dataset:
     if not columns:
         raise ValueError("a random-access source needs columns=[...] naming the fields of a sample")
@@ -223,7 +235,7 @@ def _dataset_seed(seed: int) -> Iterator[None]:
         ds.config.set_seed(previous)
 
 
-def _paths(source: Source) -> Union[str, List[str]]:
+def _paths(source: Paths) -> Union[str, List[str]]:
     if isinstance(source, (str, os.PathLike)):
         return str(source)
     return [str(path) for path in source]

@@ -47,7 +47,7 @@ class LossScaler:
         return self.hyper_map(ops.partial(_times, 1.0 / self.scale_value), grads)
 
     def adjust(self, finite: Any) -> Any:
-        if self.dynamic:
+        if self.counter is not None:  # dynamic (a fixed scale has no counter)
             grown = self.scale_value * self.factor
             kept = ops.select(self.counter == self.window - 1,
                               ops.select(ops.isfinite(grown), grown, self.scale_value),

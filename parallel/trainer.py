@@ -59,8 +59,11 @@ class Signal(enum.Enum):
 class RankLike(Protocol):
     """Anything saying who this rank is (``parallel.setup.RankInfo``, ``RankIdentity``)."""
 
-    rank: int
-    world_size: int
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +86,7 @@ class TrainOptions:
 
     amp_level: amp.AmpLevel = amp.AmpLevel.O0
     amp_dtype: amp.AmpDtype = amp.AmpDtype.FLOAT16
-    loss_scale: Union[amp.LossScaleConfig, amp.LossScaleMode, str, None] = None
+    loss_scale: amp.LossScaleConfig = None  # type: ignore[assignment]  # None: chosen by amp_level in __post_init__
     skip_nonfinite: bool = False
     grad_accumulation: int = 1
     clip_grad_norm: Optional[float] = None
@@ -313,20 +316,20 @@ class Trainer:
         self._eval_step = EvalStep(self.amp_network, self.loss_fn)
 
     def _resume(self) -> None:
-        manifest = checkpoint.latest_complete(self.options.ckpt_dir)
+        ckpt_dir = self._ckpt_dir()
+        manifest = checkpoint.latest_complete(ckpt_dir)
         if manifest is None:
-            log.info("resume=auto: no complete checkpoint in %s, starting fresh",
-                     self.options.ckpt_dir)
+            log.info("resume=auto: no complete checkpoint in %s, starting fresh", ckpt_dir)
             return
         if manifest.world_size != self.world_size:
             raise checkpoint.CheckpointError(
-                f"{checkpoint.step_dir(self.options.ckpt_dir, manifest.step)}: saved by "
+                f"{checkpoint.step_dir(ckpt_dir, manifest.step)}: saved by "
                 f"{manifest.world_size} ranks, this run has {self.world_size}")
         self.load(manifest)
 
     def load(self, manifest: checkpoint.Manifest) -> None:
         """Restore network, optimizer state, loss scale and data position from ``manifest``."""
-        loaded = checkpoint.load_rank(self.options.ckpt_dir, manifest, self.rank,
+        loaded = checkpoint.load_rank(self._ckpt_dir(), manifest, self.rank,
                                       verify=self.options.verify_checksums)
         _load_into(self.network, loaded.params, "network")
         _load_into(self.optimizer, loaded.params, "optimizer")
@@ -337,6 +340,11 @@ class Trainer:
         self._saved_steps.add(manifest.step)
         log.info("resumed from step %d (epoch %d, batch %d)", manifest.step,
                  loaded.position.epoch, loaded.position.batch_in_epoch)
+
+    def _ckpt_dir(self) -> Union[str, Path]:
+        if self.options.ckpt_dir is None:
+            raise TrainerError("loading a checkpoint needs a ckpt_dir")
+        return self.options.ckpt_dir
 
     @property
     def loss_scale(self) -> float:
@@ -616,13 +624,15 @@ def _warn_about_context(world_size: int, info: Optional[RankLike]) -> None:
 
 def _pynative_source(info: Optional[RankLike]) -> str:
     """Who put the rank in PyNative, as far as this rank can tell."""
+    # Read by name: a RankInfo says who chose its mode, other RankLike values (RankIdentity) do not.
     chosen = getattr(info, "exec_mode", None)
+    if chosen is None:
+        return ("MindSpore's default: parallel.init() selects GRAPH_MODE, or call "
+                "mindspore.set_context(mode=mindspore.GRAPH_MODE)")
+    source = getattr(info, "exec_mode_source")
     if chosen is ExecMode.PYNATIVE:
-        return f"chosen by {info.exec_mode_source}"  # type: ignore[union-attr]
-    if chosen is not None:
-        return f"set after {info.exec_mode_source} selected GRAPH_MODE"  # type: ignore[union-attr]
-    return ("MindSpore's default: parallel.init() selects GRAPH_MODE, or call "
-            "mindspore.set_context(mode=mindspore.GRAPH_MODE)")
+        return f"chosen by {source}"
+    return f"set after {source} selected GRAPH_MODE"
 
 
 def _batches_per_epoch(dataset: Any) -> int:
