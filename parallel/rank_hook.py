@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -87,7 +88,7 @@ ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackTyp
 
 
 def _reporting_excepthook(previous: ExceptHook, path: str) -> ExceptHook:
-    def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+    def hook(exc_type: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
         # Print first: the launcher stops the job as soon as the report exists, and the
         # traceback should be in the log by then.
         try:
@@ -140,8 +141,9 @@ class _WrappingLoader(importlib.abc.Loader):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)  # type: ignore[attr-defined]
-        module.init = _reporting_init(module.init)
+        self._inner.exec_module(module)
+        comm: Any = module  # ModuleType declares no ``init``; MindSpore's module defines it
+        comm.init = _reporting_init(comm.init)
 
 
 def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,9 +154,7 @@ def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
         result = real_init(*args, **kwargs)
         events.emit(contract.EVENT_INITIALISED, exec_mode=_exec_mode())
         return result
-    init.__wrapped__ = real_init  # type: ignore[attr-defined]
-    init.__doc__ = real_init.__doc__
-    return init
+    return functools.update_wrapper(init, real_init)
 
 
 def _exec_mode() -> str:
