@@ -20,15 +20,19 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from launcher import control
 from launcher.config import ConsoleFilter
 from launcher.events import prepare_dirs
+from launcher.failures import JobResult
 from launcher.limits import whole_number
 from launcher.output import Console
 from launcher.plan import LaunchPlan
-from launcher.supervisor import JobResult, Supervisor, SupervisorSettings
+from launcher.stalls import Stall
+from launcher.supervisor import LocalRanks
+from launcher.watch import Watch
+from parallel.contract import Event
 
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
@@ -51,9 +55,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     body = json.loads(_read_line(0) if from_stdin else Path(args.plan).read_bytes())
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
-    settings = SupervisorSettings.of(plan, ConsoleFilter())  # node 0 filters the console
     watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
-    sys.exit(run_agent(plan, settings, node_rank, watch))
+    sys.exit(run_agent(plan, node_rank, watch))
 
 
 def _read_line(fd: int) -> bytes:
@@ -77,22 +80,40 @@ def node_rank_from(environ: Mapping[str, str]) -> int:
                      f"{', '.join(NODE_RANK_SOURCES)} set")
 
 
-def run_agent(plan: LaunchPlan, settings: SupervisorSettings, node_rank: int,
-              watch_stdin: bool) -> int:
+class ControlReporter:
+    """An agent's news for node 0: control lines in its stdout, among its ranks' lines."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+
+    def event(self, event: Event) -> None:
+        self._console.write_line(b"", control.event_line(event))
+
+    def ranks_done(self, node_rank: int) -> None:
+        self._console.write_line(b"", control.node_done_line(node_rank))
+
+    def tick(self) -> Optional[Stall]:
+        return None  # node 0 sees every node's events and judges who fell behind
+
+    def result(self, result: JobResult) -> None:
+        self._console.write_line(b"", control.result_line(result))
+
+
+def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool) -> int:
     specs = plan.on_node(node_rank)
     prepare_dirs(plan.log_dir, [path for spec in specs for path in spec.files])
     console = Console(sys.stdout.buffer)
-    send = lambda kind, body: console.write_line(b"", control.encode(kind, body))  # noqa: E731
-    supervisor = Supervisor(plan, settings, os.environ, node_rank, console,
-                            on_event=lambda event: send(control.EVENT, event))
+    reporter = ControlReporter(console)
+    ranks = LocalRanks(plan, os.environ, node_rank, console, ConsoleFilter(), reporter)
+    watch = Watch(plan, ranks, ranks.group())  # node 0 filters the console
     if watch_stdin:
-        threading.Thread(target=_follow_stdin, args=(supervisor,), daemon=True).start()
-    result = supervisor.run()
-    send(control.RESULT, result_record(result, specs[0].host if specs else "", node_rank))
+        threading.Thread(target=_follow_stdin, args=(ranks, watch), daemon=True).start()
+    result = watch.run()
+    reporter.result(result)
     return result.exit_code
 
 
-def _follow_stdin(supervisor: Supervisor) -> None:
+def _follow_stdin(ranks: LocalRanks, watch: Watch) -> None:
     """``finish``: every node is done, stop the scheduler; end of stdin: stop everything."""
     # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the
     # interpreter abort at exit ("could not acquire lock for <stdin>").
@@ -103,18 +124,8 @@ def _follow_stdin(supervisor: Supervisor) -> None:
             break
         received += chunk
         if control.FINISH in received:
-            supervisor.finish()
-    supervisor.request_stop(signal.SIGHUP)
-
-
-def result_record(result: JobResult, host: str, node_rank: int) -> dict[str, Any]:
-    cause = result.root_cause
-    return {
-        "host": host, "node_rank": node_rank, "outcome": result.outcome.value,
-        "exit_code": result.exit_code, "message": result.message,
-        "cause_time": cause.time if cause else result.ended_at,
-        "cause_rank": cause.spec.rank if cause else None,
-    }
+            ranks.finish()
+    watch.request_stop(signal.SIGHUP)
 
 
 if __name__ == "__main__":

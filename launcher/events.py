@@ -1,9 +1,12 @@
-"""Reading what ranks report: each rank appends JSON lines to its own events file."""
+"""Reading what ranks report: each rank appends JSON lines to its own events file, which
+``EventTail`` parses into ``contract.Event`` values as they arrive."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, BinaryIO, Iterable, Iterator, Optional
+from typing import BinaryIO, Iterable, Iterator, Optional
+
+from parallel.contract import Event
 
 
 class EventTail:
@@ -19,7 +22,7 @@ class EventTail:
         self._offset = 0
         self._partial = b""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Event]:
         if self._file is None:
             try:
                 self._file = open(self.path, "rb")
@@ -30,7 +33,7 @@ class EventTail:
         data = self._file.read()
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
-        return list(parse_records(lines))
+        return list(parse_events(lines))
 
     def close(self) -> None:
         if self._file is not None:
@@ -38,15 +41,15 @@ class EventTail:
             self._file = None
 
 
-def parse_records(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among ``lines``, skipping lines that are not one."""
+def parse_events(lines: Iterable[bytes]) -> Iterator[Event]:
+    """The events among ``lines``, skipping lines that are not one."""
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict):
-            yield record
+        if isinstance(record, dict) and (event := Event.parse(record)) is not None:
+            yield event
 
 
 def prepare_dirs(log_dir: str, paths: Iterable[str] = ()) -> None:

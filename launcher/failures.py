@@ -11,7 +11,7 @@ import enum
 import json
 import os
 import signal
-from typing import Collection, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from launcher.output import tail
 from launcher.plan import ProcessSpec
@@ -79,9 +79,13 @@ class Failure:
     @property
     def exit_code(self) -> int:
         """The launcher's exit code: the rank's, 128+signal, or 1 (Python's uncaught exception)."""
-        if self.returncode is None:
-            return 1
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
+        return 1 if self.returncode is None else exit_code_of(self.returncode)
+
+    def cause(self) -> "Cause":
+        spec, report = self.spec, self.report
+        return Cause(Outcome.FAILED, spec.role.value, spec.rank, spec.host, self.pid,
+                     self.returncode, report.exception if report else None,
+                     report.message if report else None, time=self.time)
 
     def how(self) -> str:
         if self.returncode is None:
@@ -92,6 +96,77 @@ class Failure:
             except ValueError:
                 return f"killed by signal {-self.returncode}"
         return f"exited with code {self.returncode}"
+
+
+def exit_code_of(returncode: int) -> int:
+    """A shell's exit code for a process's ``returncode`` (Popen's: negative for a signal)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """What ended a job, structured: summary.json keeps it as ``root_cause``.
+
+    ``process`` is ``rank``, ``scheduler`` or ``agent`` (with ``host``, ``pid``, ``returncode``
+    and, from a rank's error report, ``exception`` and ``error``); ``ranks`` the ranks stuck at
+    start-up, or waiting on a stalled one; ``signal`` what stopped the launcher.
+    """
+
+    outcome: Outcome
+    process: Optional[str] = None
+    rank: Optional[int] = None
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    returncode: Optional[int] = None
+    exception: Optional[str] = None
+    error: Optional[str] = None
+    ranks: tuple[int, ...] = ()
+    signal: Optional[str] = None
+    time: Optional[float] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "outcome": self.outcome.value,
+                "ranks": list(self.ranks)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Cause":
+        """The inverse of ``to_json`` (a node agent's result, as node 0 reads it)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in names}
+        return cls(**{**fields, "outcome": Outcome(fields["outcome"]),
+                      "ranks": tuple(fields.get("ranks") or ())})
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """How a job (or one node's share of it) ended: the outcome, the launcher's exit code, the
+    block it prints, and the structured cause; a node agent sends it to node 0 as JSON."""
+
+    outcome: Outcome
+    exit_code: int
+    message: str
+    ended_at: float
+    cause: Optional[Cause] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.value, "exit_code": self.exit_code,
+                "message": self.message, "ended_at": self.ended_at,
+                "cause": self.cause.to_json() if self.cause else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "JobResult":
+        cause = data.get("cause")
+        return cls(Outcome(data["outcome"]), int(data["exit_code"]), str(data["message"]),
+                   float(data["ended_at"]), Cause.from_json(cause) if cause else None)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in (Outcome.FAILED, Outcome.STARTUP_TIMEOUT, Outcome.STALLED)
+
+    @property
+    def cause_time(self) -> float:
+        """When the cause happened, for picking the earliest of several nodes' failures."""
+        return self.cause.time if self.cause and self.cause.time is not None else self.ended_at
 
 
 def root_cause(failures: Sequence[Failure]) -> Optional[Failure]:

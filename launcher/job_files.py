@@ -20,7 +20,7 @@ from launcher.errors import LaunchError
 from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN,
                              whole_number)
 from launcher.monitor import JobState, build_summary, exec_mode_of
-from parallel.contract import EVENT_JOB, METRICS_FILE, SUMMARY_FILE
+from parallel.contract import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from parallel.config import ExecMode
 from rank_tables.bounded import (JSON_DECODER, LongNumber, UnreadableFile, display_name,
                                  parse_json, read_text)
@@ -466,7 +466,7 @@ def derive_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     job = next((r for r in records if r.get("event") == EVENT_JOB), {})
     state = JobState({int(k): h for k, h in job.get("ranks", {}).items()})
     times = [r["time"] for r in records if "time" in r]
-    for record in records:
-        state.apply(record, record.get("time", 0.0))
+    for event in filter(None, map(Event.parse, records)):
+        state.apply(event, event.time or 0.0)
     return build_summary(job.get("job_id", "?"), state, min(times, default=None),
                          max(times, default=None), "unknown", None)

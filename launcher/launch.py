@@ -1,8 +1,10 @@
 """``npu-launch SCRIPT``: turn a checked config into a plan, then run it (or print it).
 
-One node: a ``Supervisor`` runs the plan here. Several nodes: a backend (ssh, Slurm, OpenMPI)
-names the hosts, preflight checks them, and a ``ClusterSupervisor`` runs one node agent per
-host. By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun.
+One node: the watch loop (``launcher.watch``) runs the plan's ranks here
+(``supervisor.run_local``). Several nodes: a backend (ssh, Slurm, OpenMPI) names the hosts,
+preflight checks them, and the same loop runs one node agent per host (``cluster.run_agents``).
+By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun. Either way
+one ``Attempt`` per try carries the ranks' events to the monitor.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import io
 import os
 import secrets
 import socket
-import sys
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
@@ -23,13 +24,13 @@ from launcher.backends import Backend, LauncherKind, TransportOptions, choose_ki
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh import SshBackend
-from launcher.cluster import ClusterSupervisor
+from launcher.cluster import run_agents
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
-from launcher.failures import Outcome
+from launcher.failures import JobResult, Outcome
 from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
@@ -39,7 +40,8 @@ from launcher.preflight import render, run_preflight
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
 from launcher.stalls import FallingBehind, Stall
-from launcher.supervisor import JobResult, Supervisor, SupervisorSettings, print_message
+from launcher.supervisor import print_message, run_local
+from parallel.contract import Event
 from rank_tables.table import RankTable
 
 
@@ -62,54 +64,56 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
         return 0
     lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
     try:
-        result = _run_monitored(job, config, environ, err)
+        result = _run_monitored(job, config, environ, out, err)
     finally:
         lock.release()
     print_message(result, err)
     return result.exit_code
 
 
-def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str],
+def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
                    err: TextIO) -> JobResult:
-    monitor = _monitor(job, config)
+    monitor = _monitor(job, out, err)
     behind = FallingBehind(monitor.rank_states, config.hang_timeout) \
         if config.hang_timeout > 0 else None
     result: Optional[JobResult] = None
     try:
-        result = run_with_restarts(job, config, environ, monitor, err, behind)
+        result = run_with_restarts(job, config, environ, Console(out.buffer), monitor, err,
+                                   behind)
+        return result
     finally:
         stall = behind.first if behind else None
         if result is None:
             monitor.close("error", 1, "npu-launch itself failed", stall)
         else:
-            monitor.close(result.outcome.value, result.exit_code, result.message, stall)
-    return result
+            monitor.close(result.outcome.value, result.exit_code, result.message, stall,
+                          result.cause)
 
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
-                      monitor: JobMonitor, err: TextIO,
+                      console: Console, monitor: JobMonitor, err: TextIO,
                       behind: Optional[FallingBehind] = None) -> JobResult:
     """Run the job; after a failure that came once every rank had started (not an import
     error or a bad argument, which would fail again), start it anew up to ``--max-restarts``
-    times. The ranks see ``NPU_LAUNCH_RESTART``; the trainer resumes from its checkpoints."""
-    attempt = 0
+    times. The ranks see the attempt in ``NPU_LAUNCH_RESTART``; the trainer resumes from its
+    checkpoints."""
     while True:
-        started = StartTracker(monitor, behind)
-        result = run_job(job, config, environ, started)
+        attempt = Attempt(monitor, behind)
+        result = run_job(job, config, environ, console, attempt)
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
-        if not restartable or attempt >= config.max_restarts or not started.all_of(job.plan):
+        again = job.plan.restart + 1
+        if not restartable or again > config.max_restarts or not attempt.all_of(job.plan):
             return result
-        attempt += 1
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
-        err.write(f"npu-launch: restart {attempt} of {config.max_restarts} after: "
+        err.write(f"npu-launch: restart {again} of {config.max_restarts} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
-        again = dataclasses.replace(config, job_id=job.plan.job_id, log_dir=job.plan.log_dir)
-        job = make_job(again, environ, err, restart=attempt)
+        job = dataclasses.replace(job, plan=job.plan.restarted(again))
 
 
-class StartTracker:
-    """Forwards events to the monitor, remembering which ranks initialised in this attempt;
-    ``tick`` redraws the display and says whether a rank fell behind."""
+class Attempt:
+    """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
+    monitor, which ranks initialised is remembered, and ``tick`` redraws the display and says
+    whether a rank fell behind."""
 
     def __init__(self, monitor: JobMonitor, behind: Optional[FallingBehind] = None) -> None:
         self.monitor = monitor
@@ -119,32 +123,31 @@ class StartTracker:
         if behind is not None:
             behind.begin_attempt()
 
+    def event(self, event: Event) -> None:
+        if event.kind == contract.EVENT_INITIALISED:
+            self.initialised.add(event.rank)
+        self.monitor.on_event(event)
+
+    def ranks_done(self, node_rank: int) -> None:
+        pass  # the node's supervisor goes on to its scheduler; the monitor saw every exit
+
     def tick(self) -> Optional[Stall]:
         self.monitor.tick()
         return self.behind() if self.behind is not None else None
-
-    def on_event(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == contract.EVENT_RANK_EXITED:
-            self.monitor.on_exit(int(event["rank"]), event.get("returncode"))
-        elif kind != contract.EVENT_NODE_DONE:
-            if kind == contract.EVENT_INITIALISED:
-                self.initialised.add(int(event.get("rank", -1)))
-            self.monitor.on_event(event)
 
     def all_of(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.initialised
 
 
-def _monitor(job: Job, config: LaunchConfig) -> JobMonitor:
-    """The job's monitor. A node of a job started by hand on every node watches only its own
-    ranks (see ``_own_log_dir``)."""
+def _monitor(job: Job, out: TextIO, err: TextIO) -> JobMonitor:
+    """The job's monitor: a live table on a terminal, else plain lines on ``err``. A node of a
+    job started by hand on every node watches only its own ranks (see ``_own_log_dir``)."""
     plan = job.plan
-    live = sys.stdout.isatty() and os.environ.get("TERM", "dumb") != "dumb" and not plan.foreground
+    live = out.isatty() and os.environ.get("TERM", "dumb") != "dumb" and not plan.foreground
     specs = plan.on_node(job.node_rank) if _by_hand(job) else plan.processes
     return JobMonitor(_own_log_dir(job), plan.job_id,
                       {s.rank: s.host for s in specs if s.rank is not None},
-                      sys.stdout if live else sys.stderr, live)
+                      out if live else err, live)
 
 
 def _by_hand(job: Job) -> bool:
@@ -159,11 +162,9 @@ def _own_log_dir(job: Job) -> str:
     return job.plan.log_dir
 
 
-def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
-            tracker: StartTracker) -> JobResult:
+def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
+            attempt: Attempt) -> JobResult:
     plan = job.plan
-    settings = SupervisorSettings.of(plan, config.console)
-    console = Console(sys.stdout.buffer)
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -171,14 +172,12 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str],
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
-        return Supervisor(plan, settings, environ, job.node_rank, console, tracker.on_event,
-                          tracker.tick).run()
+        return run_local(plan, environ, job.node_rank, console, config.console, attempt)
     prepare_dirs(plan.log_dir)
     agents = job.backend.agent_launches(plan, payload_for(plan))
     prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
     _write_plan(plan)
-    return ClusterSupervisor(plan, agents, plan.timeouts.kill, config.console, environ,
-                             console, tracker.on_event, tracker.tick).run()
+    return run_agents(plan, agents, config.console, environ, console, attempt)
 
 
 def _write_plan(plan: LaunchPlan) -> None:
@@ -186,12 +185,10 @@ def _write_plan(plan: LaunchPlan) -> None:
         f.write(plan.to_json())
 
 
-def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO,
-             restart: int = 0) -> Job:
+def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     """Everything that must be true before a process starts is checked here."""
     kind = choose_kind(LauncherKind(config.launcher), environ, bool(config.hostfile))
     _check_for_kind(config, kind)
-    environ = {**environ, contract.RESTART: str(restart)} if restart else environ
     notes = io.StringIO()  # said only once the job is known to be good: an error is one line
     if kind is LauncherKind.LOCAL:
         job = _local_job(config, environ, notes)
@@ -319,8 +316,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
-    extra = {**extra, contract.PARALLEL: parallel.to_json(),
-             contract.RESTART: environ.get(contract.RESTART, "0")}
+    extra = {**extra, contract.PARALLEL: parallel.to_json()}
     job_id = config.job_id or new_job_id()
     log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None

@@ -32,12 +32,13 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Optional, TextIO
+from typing import Any, Callable, Iterable, Mapping, Optional, TextIO, TypeVar
 
+from launcher.failures import Cause
 from launcher.stalls import Stall
 from parallel import contract
 from parallel.config import ExecMode
-from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
+from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
 _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
@@ -58,11 +59,10 @@ class Evaluation:
     time: Optional[float]
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> "Evaluation":
-        """The evaluation an eval record describes; missing or odd fields become None."""
-        return cls(epoch=as_int(record.get("epoch")), step=as_int(record.get("step")),
-                   loss=as_float(record.get("loss")), accuracy=as_float(record.get("accuracy")),
-                   samples=as_int(record.get("samples")), time=as_float(record.get("time")))
+    def of(cls, event: Event) -> "Evaluation":
+        """The evaluation an eval event describes."""
+        return cls(epoch=event.epoch, step=event.step, loss=event.loss, accuracy=event.accuracy,
+                   samples=event.samples, time=event.time)
 
 
 def exec_mode_of(value: Any) -> Optional[ExecMode]:
@@ -122,31 +122,25 @@ class RankState:
 
 
 class JobState:
-    """Every rank's state and the checkpoints written, folded from event records."""
+    """Every rank's state and the checkpoints written, folded from events."""
 
     def __init__(self, ranks: Mapping[int, str]) -> None:
         self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
         self.checkpoints: list[dict[str, Any]] = []
 
-    def apply(self, record: Mapping[str, Any], seen_at: float) -> None:
-        """Fold one record in; records without a usable rank are ignored."""
-        rank = as_int(record.get("rank"))
-        if rank is None:
+    def apply(self, event: Event, seen_at: float) -> None:
+        """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
+        state = self._rank(event.rank, event.host)
+        if event.kind == EVENT_EXITED:
+            state.exited, state.exit_code = True, event.returncode
             return
-        state = self._rank(rank, record)
-        kind = str(record.get("event", ""))
-        state.last_event, state.seen_at = kind, seen_at
-        state.last_event_time = as_float(record.get("time"))
-        if "exec_mode" in record:  # few records say; a failed Enum lookup costs an exception
-            state.exec_mode = exec_mode_of(record["exec_mode"]) or state.exec_mode
-        handler = _HANDLERS.get(kind)
+        state.last_event, state.seen_at = event.kind, seen_at
+        state.last_event_time = event.time
+        if event.exec_mode is not None:  # few events say; a failed Enum lookup costs an exception
+            state.exec_mode = exec_mode_of(event.exec_mode) or state.exec_mode
+        handler = _HANDLERS.get(event.kind)
         if handler is not None:
-            handler(self, state, record, seen_at)
-
-    def exited(self, rank: int, returncode: Optional[int]) -> None:
-        """The rank's process ended with ``returncode`` (None: unknown)."""
-        state = self._rank(rank, {})
-        state.exited, state.exit_code = True, returncode
+            handler(self, state, event, seen_at)
 
     def summary(self) -> dict[str, Any]:
         """The per-rank and job-wide fields of summary.json."""
@@ -158,56 +152,56 @@ class JobState:
                 "ranks": [s.to_summary() for s in self.ranks.values()],
                 "checkpoints": list(self.checkpoints)}
 
-    def _rank(self, rank: int, record: Mapping[str, Any]) -> RankState:
+    def _rank(self, rank: int, host: str) -> RankState:
         if rank not in self.ranks:
-            self.ranks[rank] = RankState(rank, str(record.get("host", "?")))
+            self.ranks[rank] = RankState(rank, host)
             self.ranks = dict(sorted(self.ranks.items()))
         return self.ranks[rank]
 
 
-def _on_initialised(job: JobState, state: RankState, record: Mapping[str, Any],
-                    seen_at: float) -> None:
+def _on_initialised(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
     if state.progress_at is None:
         state.progress_at = seen_at
 
 
-def _on_step(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
-    state.step = as_int(record.get("step"), state.step)
-    state.epoch = as_int(record.get("epoch"), state.epoch)
-    state.loss = as_float(record.get("loss"), state.loss)
-    state.samples_per_s = as_float(record.get("samples_per_s"), state.samples_per_s)
+def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    state.step = _either(event.step, state.step)
+    state.epoch = _either(event.epoch, state.epoch)
+    state.loss = _either(event.loss, state.loss)
+    state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)
     state.progress_at = state.stepped_at = seen_at
 
 
-def _on_checkpoint(job: JobState, state: RankState, record: Mapping[str, Any],
-                   seen_at: float) -> None:
-    job.checkpoints.append({"rank": state.rank, "step": as_int(record.get("step")),
-                            "path": record.get("path"), "time": state.last_event_time})
+def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    job.checkpoints.append({"rank": state.rank, "step": event.step, "path": event.path,
+                            "time": state.last_event_time})
 
 
-def _on_finished(job: JobState, state: RankState, record: Mapping[str, Any],
-                 seen_at: float) -> None:
+def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
     state.finished = True
-    state.step = as_int(record.get("steps"), state.step)
-    state.final_loss = as_float(record.get("final_loss"), state.final_loss)
-    state.samples_per_s = as_float(record.get("samples_per_s"), state.samples_per_s)
+    state.step = _either(event.steps, state.step)
+    state.final_loss = _either(event.final_loss, state.final_loss)
+    state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)
 
 
-def _on_eval(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
-    state.evals.append(Evaluation.from_record(record))
+def _on_eval(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    state.evals.append(Evaluation.of(event))
 
 
-def _on_exited(job: JobState, state: RankState, record: Mapping[str, Any], seen_at: float) -> None:
-    state.exited, state.exit_code = True, as_int(record.get("returncode"))
+T = TypeVar("T")
 
 
-_HANDLERS: dict[str, Callable[[JobState, RankState, Mapping[str, Any], float], None]] = {
+def _either(new: Optional[T], old: Optional[T]) -> Optional[T]:
+    """What an event says, or what was known when it does not say."""
+    return old if new is None else new
+
+
+_HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
     contract.EVENT_INITIALISED: _on_initialised,
     contract.EVENT_STEP: _on_step,
     contract.EVENT_CHECKPOINT: _on_checkpoint,
     contract.EVENT_FINISHED: _on_finished,
     contract.EVENT_EVAL: _on_eval,
-    EVENT_EXITED: _on_exited,
 }
 
 
@@ -388,21 +382,13 @@ class JobMonitor:
         self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
                       "ranks": {str(r): h for r, h in sorted(ranks.items())}})
 
-    def on_event(self, record: dict) -> None:
-        """Append ``record`` to metrics.jsonl and fold it into the rank's state."""
+    def on_event(self, event: Event) -> None:
+        """Append the event's record to metrics.jsonl and fold it into the rank's state."""
         with self._lock:
-            self._append(record)
-            self._state.apply(record, self._clock())
-            if record.get("event") in (contract.EVENT_STEP, contract.EVENT_EVAL):
+            self._append(event.record)
+            self._state.apply(event, self._clock())
+            if event.kind in (contract.EVENT_STEP, contract.EVENT_EVAL):
                 self._news_since_status = True
-
-    def on_exit(self, rank: int, returncode: Optional[int]) -> None:
-        """A local rank's process ended (``returncode`` None: unknown)."""
-        with self._lock:
-            host = self._state.ranks[rank].host if rank in self._state.ranks else "?"
-            self._append({"event": EVENT_EXITED, "rank": rank, "host": host,
-                          "returncode": returncode, "time": self._clock()})
-            self._state.exited(rank, returncode)
 
     def tick(self) -> None:
         """Flush metrics and redraw the status when due."""
@@ -429,7 +415,7 @@ class JobMonitor:
             return [dataclasses.replace(s) for s in self._state.ranks.values()]
 
     def close(self, outcome: str, exit_code: int, message: str = "",
-              stall: Optional[Stall] = None) -> dict:
+              stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict:
         """Finish the display, close metrics.jsonl, write summary.json atomically; return it.
 
         Closing again returns the first summary unchanged."""
@@ -439,7 +425,9 @@ class JobMonitor:
                 if self._metrics is not None:
                     self._metrics.close()
                     self._metrics = None
-                self._summary = self._build_summary(outcome, exit_code, message, stall)
+                self._summary = build_summary(self._job_id, self._state, self._started,
+                                              self._clock(), str(getattr(outcome, "value", outcome)),
+                                              exit_code, message, stall, cause)
                 _write_json_atomically(os.path.join(self._log_dir, SUMMARY_FILE), self._summary)
             return self._summary
 
@@ -464,19 +452,16 @@ class JobMonitor:
             now = self._clock()
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
 
-    def _build_summary(self, outcome: str, exit_code: int, message: str,
-                       stall: Optional[Stall]) -> dict[str, Any]:
-        return build_summary(self._job_id, self._state, self._started, self._clock(),
-                             str(getattr(outcome, "value", outcome)), exit_code, message, stall)
-
-
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
                   outcome: str, exit_code: Optional[int], message: str = "",
-                  stall: Optional[Stall] = None) -> dict[str, Any]:
+                  stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict[str, Any]:
     """The summary.json document: the one place that builds it, for the monitor at the end of a
-    job and for ``npu-launch report`` rebuilding it from metrics.jsonl."""
+    job and for ``npu-launch report`` rebuilding it from metrics.jsonl. ``root_cause`` is what
+    ended the job, structured (``failures.Cause``); ``stall`` the first rank seen falling
+    behind, whether or not it ended the job."""
     duration = ended - started if started is not None and ended is not None else None
     return {"job_id": job_id, "outcome": outcome, "exit_code": exit_code, "message": message,
+            "root_cause": cause.to_json() if cause else None,
             "started_at": started, "ended_at": ended, "duration_s": duration,
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
 
@@ -509,23 +494,3 @@ def _terminal_size(stream: TextIO) -> tuple[int, int]:
 
 def _number(value: float) -> str:
     return f"{value:.4g}"
-
-
-def as_int(value: Any, default: Optional[int] = None) -> Optional[int]:
-    """A record field as an int, or ``default`` when it is missing or not a number."""
-    if isinstance(value, bool):
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-
-
-def as_float(value: Any, default: Optional[float] = None) -> Optional[float]:
-    """A record field as a float, or ``default`` when it is missing or not a number."""
-    if isinstance(value, bool):
-        return default
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default

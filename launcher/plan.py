@@ -73,24 +73,17 @@ class ProcessSpec:
     log_path: str
     env: Mapping[str, str]
     argv: tuple[str, ...]
+    events_path: str = ""
+    """A rank's events file (``contract.EVENTS_FILE`` in its env); likewise its error report
+    and its stack dump."""
+    error_path: str = ""
+    stack_path: str = ""
 
     @property
     def label(self) -> str:
         """``host:rank`` as the console prefix shows it (``host:sched``, ``host:agent``)."""
         names = {Role.RANK: str(self.rank), Role.SCHEDULER: "sched", Role.AGENT: "agent"}
         return f"{self.host}:{names[self.role]}"
-
-    @property
-    def events_path(self) -> str:
-        return self.env.get(contract.EVENTS_FILE, "")
-
-    @property
-    def error_path(self) -> str:
-        return self.env.get(contract.ERROR_FILE, "")
-
-    @property
-    def stack_path(self) -> str:
-        return self.env.get(contract.STACK_FILE, "")
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -129,6 +122,16 @@ class LaunchPlan:
     token: str = ""
     """This launch's secret (``contract.TOKEN``): what teardown sweeps by."""
     timeouts: Timeouts = Timeouts()
+    restart: int = 0
+    """Which restart of the job this is (``--max-restarts``); ranks see it as
+    ``contract.RESTART``."""
+
+    def restarted(self, attempt: int) -> "LaunchPlan":
+        """This job again, as its ``attempt``-th restart."""
+        def again(spec: ProcessSpec) -> ProcessSpec:
+            return dataclasses.replace(spec, env={**spec.env, contract.RESTART: str(attempt)})
+        return dataclasses.replace(self, restart=attempt, ranks=tuple(map(again, self.ranks)),
+                                   scheduler=again(self.scheduler) if self.scheduler else None)
 
     @property
     def processes(self) -> tuple[ProcessSpec, ...]:
@@ -240,15 +243,17 @@ def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world
 def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: Node,
                local_rank: int, rank: int, device: int, world: int) -> ProcessSpec:
     node_dir = node_log_dir(inputs, node.host)
+    files = {"events_path": os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
+             "error_path": os.path.join(node_dir, "errors", f"rank_{rank}.json"),
+             "stack_path": os.path.join(node_dir, "stacks", f"rank_{rank}.txt")}
     env = {
         contract.RANK_ID: str(rank), contract.RANK: str(rank),
         contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
         contract.LOCAL_RANK: str(local_rank), contract.LOCAL_WORLD_SIZE: str(len(node.cards)),
         contract.DEVICE_ID: str(device),
         contract.MASTER_ADDR: inputs.master_addr, contract.MASTER_PORT: str(inputs.master_port),
-        contract.EVENTS_FILE: os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
-        contract.ERROR_FILE: os.path.join(node_dir, "errors", f"rank_{rank}.json"),
-        contract.STACK_FILE: os.path.join(node_dir, "stacks", f"rank_{rank}.txt"),
+        contract.EVENTS_FILE: files["events_path"], contract.ERROR_FILE: files["error_path"],
+        contract.STACK_FILE: files["stack_path"],
         **_common_env(inputs, node),
     }
     if mode is StartMode.DYNAMIC_CLUSTER:
@@ -263,7 +268,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
     return ProcessSpec(role=Role.RANK, rank=rank, host=node.host, node_rank=node.node_rank,
                        local_rank=local_rank, device_id=device,
                        log_path=os.path.join(node_dir, f"rank_{rank}.log"), env=env,
-                       argv=(config.python, config.script, *config.script_args))
+                       argv=(config.python, config.script, *config.script_args), **files)
 
 
 def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:
@@ -308,7 +313,7 @@ def _common_env(inputs: PlanInputs, node: Node) -> dict[str, str]:
         contract.JOB_ID: inputs.job_id, contract.TOKEN: inputs.token, contract.LOG_DIR: inputs.log_dir,
         contract.DEVICE_KIND: inputs.device.value, contract.HOST: node.host,
         contract.NODE_RANK: str(node.node_rank), contract.NNODES: str(len(inputs.nodes)),
-        "PYTHONUNBUFFERED": "1",
+        contract.RESTART: "0", "PYTHONUNBUFFERED": "1",
         **inputs.extra_env,
     }
     if pythonpath:

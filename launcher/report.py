@@ -14,7 +14,7 @@ import dataclasses
 import datetime
 import math
 import sys
-from typing import Any, Optional, Sequence, TextIO
+from typing import Any, Iterator, Optional, Sequence, TextIO
 
 import click
 
@@ -86,21 +86,26 @@ def step_series(records: list[dict[str, Any]]) -> list[Series]:
     """Each rank's step events among typed ``records``, in their order."""
     rows: dict[int, list[tuple[int, Optional[float], Optional[float]]]] = {}
     hosts: dict[int, str] = {}
-    for r in records:
-        if r.get("event") != contract.EVENT_STEP or "rank" not in r or "step" not in r:
-            continue
-        hosts.setdefault(r["rank"], r.get("host", "?"))
-        rows.setdefault(r["rank"], []).append((r["step"], r.get("loss"), r.get("samples_per_s")))
+    for e, step in _events(records, contract.EVENT_STEP):
+        hosts.setdefault(e.rank, e.host)
+        rows.setdefault(e.rank, []).append((step, e.loss, e.samples_per_s))
     return [Series(r, hosts[r], *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
 
 
 def eval_series(records: list[dict[str, Any]]) -> list[EvalSeries]:
     """Each rank's eval events among typed ``records`` that name their step, in their order."""
     rows: dict[int, list[tuple[int, Optional[float], Optional[float]]]] = {}
-    for r in records:
-        if r.get("event") == contract.EVENT_EVAL and "rank" in r and "step" in r:
-            rows.setdefault(r["rank"], []).append((r["step"], r.get("loss"), r.get("accuracy")))
+    for e, step in _events(records, contract.EVENT_EVAL):
+        rows.setdefault(e.rank, []).append((step, e.loss, e.accuracy))
     return [EvalSeries(r, *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
+
+
+def _events(records: list[dict[str, Any]], kind: str) -> Iterator[tuple[contract.Event, int]]:
+    """The events of ``kind`` among ``records`` that name their step, with the step."""
+    for record in records:
+        event = contract.Event.parse(record)
+        if event is not None and event.kind == kind and event.step is not None:
+            yield event, event.step
 
 
 # The table -------------------------------------------------------------------------------------

@@ -38,20 +38,43 @@ _BEHIND_CHECK_INTERVAL = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class Stall:
-    """A rank that stopped making progress while others went on."""
+    """A hang, as either check finds it: the rank that stopped making progress (None when every
+    rank went silent and none stands out), since when, and where the ranks are when their
+    stacks were read. ``others_advanced``: found by ``FallingBehind`` (the others stepped on);
+    else by ``StallWatch`` (this node's ranks all silent), with ``waiting`` the ranks waiting
+    inside MindSpore, ``also`` any further rank stuck outside it."""
 
-    rank: int
+    rank: Optional[int]
     host: str
     last_step: Optional[int]
     silent_for: float
+    others_advanced: bool = True
+    timeout: float = 0.0
+    also: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
+    stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """(rank, frames, most recent call first) of the ranks the block shows."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
     """The block printed when the job is stopped because of ``stall``."""
-    where = (f"at step {stall.last_step}" if stall.last_step is not None
-             else "before its first step")
-    return (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled {where}: "
-            f"no progress for {stall.silent_for:.0f} s while other ranks advanced")
+    if stall.others_advanced:
+        where = (f"at step {stall.last_step}" if stall.last_step is not None
+                 else "before its first step")
+        return (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled "
+                f"{where}: no progress for {stall.silent_for:.0f} s while other ranks advanced")
+    window = f"{stall.silent_for:.0f} s (--hang-timeout {stall.timeout:g})"
+    if stall.rank is None:
+        head = f"npu-launch: job {job_id} stopped: no rank made progress for {window}"
+    else:
+        names = ", ".join(f"rank {r} on {stall.host}" for r in (stall.rank, *stall.also))
+        head = (f"npu-launch: job {job_id} stopped: {names} hangs: no step for {window} while "
+                f"rank(s) {', '.join(map(str, stall.waiting))} wait in MindSpore")
+    lines = [head]
+    for rank, frames in stall.stacks:
+        lines.append(f"  rank {rank} is at (most recent call first):")
+        lines += [f"    {frame}" for frame in frames[:6]] or ["    (no stack)"]
+    return "\n".join(lines)
 
 
 class Progress(Protocol):
@@ -76,7 +99,7 @@ def find_stall(ranks: Iterable[Progress], now: float, timeout: float) -> Optiona
     if not silent:
         return None
     since, _, worst = min(silent, key=lambda item: item[:2])
-    return Stall(worst.rank, worst.host, worst.step, now - since)
+    return Stall(worst.rank, worst.host, worst.step, now - since, timeout=timeout)
 
 
 class FallingBehind:
@@ -143,11 +166,22 @@ class StallWatch:
         self._next_check = now + self.timeout / 2
         return True
 
-    def silent_for(self, rank: int, now: float) -> float:
-        return now - self._last.get(rank, now)
-
     def last_progress(self) -> float:
         return max(self._last.values(), default=0.0)
+
+    def check(self, running: Mapping[int, int], stack_files: Mapping[int, str],
+              main_threads: Mapping[int, str], host: str, alone: bool) -> Optional[Stall]:
+        """Once every running rank here (rank -> pid) is silent, read their stacks and say who
+        hangs. With other nodes (not ``alone``), silence without a culprit here is left for one
+        more timeout to the node that has one."""
+        now = time.time()
+        if not self.due(sorted(running), now):
+            return None
+        samples = sample_stacks(running, stack_files, main_threads)
+        stall = hang_of(samples, now - self.last_progress(), self.timeout, host)
+        if stall.rank is None and not alone and stall.silent_for < 2 * self.timeout:
+            return None
+        return stall
 
 
 def sample_stacks(pids: Mapping[int, int], stack_files: Mapping[int, str],
@@ -189,23 +223,13 @@ def culprits(samples: Mapping[int, StackSample]) -> list[int]:
     return sorted(outside) if outside and inside else []
 
 
-def describe_hang(job_id: str, samples: Mapping[int, StackSample], guilty: Sequence[int],
-                  silent: float, timeout: float, specs: Mapping[int, object]) -> str:
-    """The root-cause block of a hang: who, since when, and where each rank is."""
-    host = lambda r: getattr(specs.get(r), "host", "?")  # noqa: E731
-    if guilty:
-        names = ", ".join(f"rank {r} on {host(r)}" for r in guilty)
-        waiting = sorted(r for r, s in samples.items() if s.in_mindspore)
-        head = (f"npu-launch: job {job_id} stopped: {names} hangs: no step for {silent:.0f} s "
-                f"(--hang-timeout {timeout:g}) while rank(s) {', '.join(map(str, waiting))} "
-                "wait in MindSpore")
-        shown = list(guilty)
-    else:
-        head = (f"npu-launch: job {job_id} stopped: no rank made progress for {silent:.0f} s "
-                f"(--hang-timeout {timeout:g})")
-        shown = sorted(samples)
-    lines = [head]
-    for rank in shown[:4]:
-        lines.append(f"  rank {rank} is at (most recent call first):")
-        lines += [f"    {frame}" for frame in samples[rank].frames[:6]] or ["    (no stack)"]
-    return "\n".join(lines)
+def hang_of(samples: Mapping[int, StackSample], silent: float, timeout: float,
+            host: str) -> Stall:
+    """The ``Stall`` this node's stack samples show: the culprits, or nobody."""
+    guilty = culprits(samples)
+    shown = guilty if guilty else sorted(samples)
+    return Stall(rank=guilty[0] if guilty else None, host=host, last_step=None,
+                 silent_for=silent, others_advanced=False, timeout=timeout,
+                 also=tuple(guilty[1:]),
+                 waiting=tuple(sorted(r for r, s in samples.items() if s.in_mindspore)),
+                 stacks=tuple((r, samples[r].frames) for r in shown[:4]))

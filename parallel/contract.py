@@ -21,7 +21,7 @@ nothing).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 # MindSpore dynamic cluster (msrun's mode).
 MS_ROLE = "MS_ROLE"
@@ -112,10 +112,14 @@ def owner_of(name: str) -> "str | None":
 
 # Event names written to EVENTS_FILE.
 EVENT_STARTED = "started"
+"""The rank hook is installed; carries ``role`` and ``main_thread`` (the id faulthandler prints)."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
-"""Sent twice by a rank: when MindSpore's communication ``init()`` returns (the rank hook) and by
-``parallel.init()``; both carry ``exec_mode`` (``graph`` or ``pynative``)."""
+"""Sent once by a rank, by the rank hook, when MindSpore's communication ``init()`` returns;
+carries ``exec_mode`` (``graph`` or ``pynative``)."""
+EVENT_LAYOUT = "layout"
+"""Sent by ``parallel.init()``: the world size, the parallel layout and this rank's place in it,
+and ``exec_mode``."""
 EVENT_STEP = "step"
 """The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``."""
 EVENT_EVAL = "eval"
@@ -124,16 +128,82 @@ EVENT_EVAL = "eval"
 EVENT_CHECKPOINT = "checkpoint"
 EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
-EVENT_RANK_EXITED = "rank-exited"
-"""Sent by a node agent when one of its ranks' processes ended (``returncode``)."""
-EVENT_NODE_DONE = "node-ranks-done"
-"""Sent by a node agent (not a rank) once all its ranks exited 0."""
+EVENT_EXITED = "exited"
+"""Not sent by the rank: its supervisor's record that the rank's process ended (``returncode``),
+under the same name on the wire from a node agent and in metrics.jsonl."""
+
+
+def _whole(value: object) -> Optional[int]:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return int(value)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _real(value: object) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _text(value: object) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One event record, parsed once where it enters the launcher (an events file, an agent's
+    control line, metrics.jsonl). Fields a record lacks, or holds in the wrong type, are None;
+    ``record`` is the record as it came, which metrics.jsonl keeps whole."""
+
+    kind: str
+    rank: int
+    host: str = "?"
+    time: Optional[float] = None
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+    steps: Optional[int] = None
+    samples: Optional[int] = None
+    loss: Optional[float] = None
+    final_loss: Optional[float] = None
+    accuracy: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    returncode: Optional[int] = None
+    exec_mode: Optional[str] = None
+    path: Optional[str] = None
+    main_thread: Optional[str] = None
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, record: Mapping[str, Any]) -> "Optional[Event]":
+        """The event in ``record``; None when it names no kind or no rank."""
+        kind, rank = record.get("event"), _whole(record.get("rank"))
+        if not isinstance(kind, str) or rank is None:
+            return None
+        typed: dict[str, Any] = {name: read(record.get(name)) for name, read in _FIELDS.items()}
+        return cls(kind=kind, rank=rank, host=_text(record.get("host")) or "?",
+                   record=dict(record), **typed)
+
+    @classmethod
+    def exited(cls, rank: int, host: str, returncode: Optional[int], time: float) -> "Event":
+        """The supervisor's record that a rank's process ended."""
+        return cls.parse({"event": EVENT_EXITED, "rank": rank, "host": host,
+                          "returncode": returncode, "time": time}) or cls(EVENT_EXITED, rank)
+
+
+_FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,
+           "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
+           "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text}
+"""How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-EVENT_EXITED = "exited"
-"""The monitor's own record in metrics.jsonl when a local rank exits (``returncode``)."""
 EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
 

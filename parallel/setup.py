@@ -157,7 +157,7 @@ def _nnodes(environ: Mapping[str, str]) -> int:
 
 
 def _report(info: RankInfo) -> None:
-    events.emit(contract.EVENT_INITIALISED, world_size=info.world_size, local_rank=info.local_rank,
+    events.emit(contract.EVENT_LAYOUT, world_size=info.world_size, local_rank=info.local_rank,
                 device_target=info.device_target.value, mode=info.config.mode.value,
                 exec_mode=info.exec_mode.value,
                 dp=info.config.dp, mp=info.config.mp, pp=info.config.pp,

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
 import psutil
 from _pytest.mark.expression import Expression
@@ -26,6 +26,9 @@ from hypothesis import strategies as st
 
 from parallel import contract
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
+
+if TYPE_CHECKING:
+    from launcher.monitor import JobMonitor
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -139,6 +142,20 @@ def initialised(log_dir: Path, ranks: range) -> bool:
 
 DRIVER_NODES = ("davinci_manager", "devmm_svm", "hisi_hdc")
 """Device nodes the Ascend driver adds beside ``davinciN``; readers must ignore them."""
+
+
+def feed(monitor: "JobMonitor", record: dict) -> None:
+    """Hand ``record`` to ``monitor`` as the launcher's edge does: parsed into an ``Event``, or
+    dropped when it names no event kind or no rank."""
+    event = contract.Event.parse(record)
+    if event is not None:
+        monitor.on_event(event)
+
+
+def exited(monitor: "JobMonitor", rank: int, returncode: Optional[int],
+           hosts: Mapping[int, str] = {}, at: float = 1000.0) -> None:
+    """What a supervisor tells ``monitor`` when ``rank``'s process ended."""
+    monitor.on_event(contract.Event.exited(rank, hosts.get(rank, "?"), returncode, at))
 
 
 def fake_devfs(directory: Path, devices: Iterable[int]) -> Path:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from helpers import REPO, wait_for
+from helpers import REPO, exited, feed, wait_for
 from parallel import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome
@@ -84,17 +84,17 @@ def test_metrics_jsonl_holds_every_record_in_arrival_order(weird_tmp: Path) -> N
     records = [record("started", 0, 1.0, role="MS_WORKER"), record("initialised", 0, 2.0),
                step(0, 3.0, 1), record("custom", 2, 3.5, note="ünïcode"), {"event": "no rank"}]
     for r in records:
-        monitor.on_event(r)
-    monitor.on_exit(0, 0)
+        feed(monitor, r)
+    exited(monitor, 0, 0, HOSTS)
     monitor.tick()  # flushes; the file stays open for more
 
     lines = metrics(weird_tmp)
     assert lines[0] == {"event": EVENT_JOB, "job_id": "job-1", "time": 1000.0,
                         "ranks": {str(r): h for r, h in HOSTS.items()}}
-    assert lines[1:6] == records
-    assert lines[6] == {"event": EVENT_EXITED, "rank": 0, "host": "node-a", "returncode": 0,
+    assert lines[1:5] == records[:4]  # the edge drops what names no rank
+    assert lines[5] == {"event": EVENT_EXITED, "rank": 0, "host": "node-a", "returncode": 0,
                         "time": 1000.0}
-    monitor.on_event(step(0, 4.0, 2))
+    feed(monitor, step(0, 4.0, 2))
     monitor.close("succeeded", 0)
     assert metrics(weird_tmp)[-1] == step(0, 4.0, 2)
 
@@ -103,15 +103,15 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
     clock = FakeClock(1000.0)
     monitor = make_monitor(weird_tmp, clock)
     for rank in HOSTS:
-        monitor.on_event(record("initialised", rank, 1001.0))
-        monitor.on_event(step(rank, 1002.0, 10, loss=0.9, rate=50.0 + rank))
-    monitor.on_event(record("checkpoint", 0, 1003.0, step=10, path="/ckpt/step_10/rank_0.ckpt"))
-    monitor.on_event(record("checkpoint", 1, 1003.1, step=10, path="/ckpt/step_10/rank_1.ckpt"))
+        feed(monitor, record("initialised", rank, 1001.0))
+        feed(monitor, step(rank, 1002.0, 10, loss=0.9, rate=50.0 + rank))
+    feed(monitor, record("checkpoint", 0, 1003.0, step=10, path="/ckpt/step_10/rank_0.ckpt"))
+    feed(monitor, record("checkpoint", 1, 1003.1, step=10, path="/ckpt/step_10/rank_1.ckpt"))
     for rank in (0, 1, 2):
-        monitor.on_event(record("finished", rank, 1004.0 + rank, steps=20, final_loss=0.25,
+        feed(monitor, record("finished", rank, 1004.0 + rank, steps=20, final_loss=0.25,
                                 samples_per_s=60.0 + rank))
-        monitor.on_exit(rank, 0)
-    monitor.on_exit(3, -9)  # rank 3 never finished: its last step stands
+        exited(monitor, rank, 0, HOSTS)
+    exited(monitor, 3, -9, HOSTS)  # rank 3 never finished: its last step stands
     clock.now = 1010.5
 
     summary = monitor.close(Outcome.FAILED, 137, "rank 3 was killed")
@@ -141,26 +141,27 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
 
 def test_missing_and_odd_fields_are_tolerated(weird_tmp: Path) -> None:
     monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a"})
-    monitor.on_event({"event": "step", "rank": 0})
-    monitor.on_event({"event": "step", "rank": "0", "step": "7", "loss": None,
+    feed(monitor, {"event": "step", "rank": 0})
+    feed(monitor, {"event": "step", "rank": "0", "step": "7", "loss": None,
                       "samples_per_s": "fast"})
-    monitor.on_event({"event": "finished", "rank": 0, "final_loss": None})
-    monitor.on_event({"event": "step", "rank": "zero", "step": 9})
-    monitor.on_event({"rank": 5, "host": "remote-host", "time": "noon"})
+    feed(monitor, {"event": "finished", "rank": 0, "final_loss": None})
+    feed(monitor, {"event": "step", "rank": "zero", "step": 9})
+    feed(monitor, {"event": "custom", "rank": 5, "host": "remote-host", "time": "noon"})
+    feed(monitor, {"rank": 6, "host": "no kind", "event": None})  # no event: dropped at the edge
 
     ranks = {r["rank"]: r for r in monitor.close("succeeded", 0)["ranks"]}
     assert (ranks[0]["steps"], ranks[0]["final_loss"], ranks[0]["samples_per_s"]) == (7, None, None)
     assert ranks[5]["host"] == "remote-host"  # a rank the mapping did not name: a remote one
-    assert len(metrics(weird_tmp)) == 6
+    assert len(metrics(weird_tmp)) == 5  # the job line and four events: "zero" names no rank
 
 
 def test_every_evaluation_reaches_the_summary_and_the_last_one_is_the_eval(weird_tmp: Path) -> None:
     monitor = make_monitor(weird_tmp, FakeClock(), ranks={0: "node-a", 1: "node-a"})
-    monitor.on_event(evaluation(0, 5.0, epoch=1, step_=45, accuracy=0.81, loss=0.6))
-    monitor.on_event(step(0, 6.0, 50))
-    monitor.on_event({**evaluation(0, 9.0, epoch=2, step_=90, accuracy=0.97, loss=0.1),
+    feed(monitor, evaluation(0, 5.0, epoch=1, step_=45, accuracy=0.81, loss=0.6))
+    feed(monitor, step(0, 6.0, 50))
+    feed(monitor, {**evaluation(0, 9.0, epoch=2, step_=90, accuracy=0.97, loss=0.1),
                       "note": "not part of an evaluation"})
-    monitor.on_event({"event": contract.EVENT_EVAL, "rank": 1, "epoch": "x", "loss": "low",
+    feed(monitor, {"event": contract.EVENT_EVAL, "rank": 1, "epoch": "x", "loss": "low",
                       "accuracy": None})
 
     ranks = monitor.close("succeeded", 0)["ranks"]
@@ -176,13 +177,13 @@ def test_every_evaluation_reaches_the_summary_and_the_last_one_is_the_eval(weird
 def test_the_last_exec_mode_a_rank_reports_wins(weird_tmp: Path) -> None:
     monitor = make_monitor(weird_tmp, FakeClock())
     for rank in HOSTS:  # the rank hook's and parallel.init()'s initialised events
-        monitor.on_event(record("initialised", rank, 1.0, exec_mode="graph"))
-        monitor.on_event(record("initialised", rank, 1.1, exec_mode="graph", world_size=4))
-    monitor.on_event({**step(1, 2.0, 5), "exec_mode": "pynative"})  # switched after init()
-    monitor.on_event(step(1, 3.0, 10))  # later steps do not repeat it
-    monitor.on_event(record("finished", 2, 4.0, steps=10, exec_mode="pynative"))
-    monitor.on_event(record("finished", 3, 4.0, steps=10, exec_mode="turbo"))
-    monitor.on_event(record("initialised", 5, 1.0))  # a script that never said
+        feed(monitor, record("initialised", rank, 1.0, exec_mode="graph"))
+        feed(monitor, record("initialised", rank, 1.1, exec_mode="graph", world_size=4))
+    feed(monitor, {**step(1, 2.0, 5), "exec_mode": "pynative"})  # switched after init()
+    feed(monitor, step(1, 3.0, 10))  # later steps do not repeat it
+    feed(monitor, record("finished", 2, 4.0, steps=10, exec_mode="pynative"))
+    feed(monitor, record("finished", 3, 4.0, steps=10, exec_mode="turbo"))
+    feed(monitor, record("initialised", 5, 1.0))  # a script that never said
 
     modes = {r["rank"]: r["exec_mode"] for r in monitor.close("succeeded", 0)["ranks"]}
     assert modes == {0: "graph", 1: "pynative", 2: "pynative", 3: "graph", 5: None}
@@ -209,7 +210,7 @@ def run_steps(monitor: JobMonitor, clock: FakeClock, ranks: tuple[int, ...], sta
     while clock.now <= end:
         n += 1
         for rank in ranks:
-            monitor.on_event(step(rank, clock.now, n))
+            feed(monitor, step(rank, clock.now, n))
         monitor.tick()
         stall = behind() if behind is not None else None
         if stall is not None:
@@ -220,7 +221,7 @@ def run_steps(monitor: JobMonitor, clock: FakeClock, ranks: tuple[int, ...], sta
 
 def initialise(monitor: JobMonitor, clock: FakeClock) -> None:
     for rank in HOSTS:
-        monitor.on_event(record("initialised", rank, clock.now))
+        feed(monitor, record("initialised", rank, clock.now))
 
 
 def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
@@ -233,12 +234,13 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0, behind=behind) is None  # silent 30 s: not yet
     clock.now = 42.5
     stall = behind()
-    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5)
+    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30)
     assert describe_stall(stall, "job-1") == (
         "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
         "30 s while other ranks advanced")
-    assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {"rank": 2, "host": "node b", "last_step": 12,
-                                                   "silent_for": 30.5}
+    assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
+        "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
+        "timeout": 30.0, "also": (), "waiting": (), "stacks": ()}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
@@ -247,7 +249,7 @@ def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -
     behind = FallingBehind(monitor.rank_states, 20, clock)
     initialise(monitor, clock)
     stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
-    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0)
+    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20)
     assert "stalled before its first step" in describe_stall(stall, "job-1")
 
 
@@ -266,9 +268,9 @@ def test_no_stall_before_any_rank_has_stepped(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
     behind = FallingBehind(monitor.rank_states, 5, clock)
-    monitor.on_event(record("initialised", 0, 0.0))
+    feed(monitor, record("initialised", 0, 0.0))
     clock.now = 500.0
-    monitor.on_event(record("initialised", 1, 500.0))
+    feed(monitor, record("initialised", 1, 500.0))
     assert behind() is None
 
 
@@ -278,8 +280,8 @@ def test_finished_or_exited_ranks_are_not_stalled(weird_tmp: Path) -> None:
     behind = FallingBehind(monitor.rank_states, 10, clock)
     initialise(monitor, clock)
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 3.0, behind=behind)
-    monitor.on_event(record("finished", 2, clock.now, steps=3))
-    monitor.on_exit(3, 0)
+    feed(monitor, record("finished", 2, clock.now, steps=3))
+    exited(monitor, 3, 0, HOSTS)
     assert run_steps(monitor, clock, (0, 1), 4.0, 40.0, behind=behind) is None
 
 
@@ -296,7 +298,7 @@ def test_plain_status_line_at_most_every_ten_seconds(weird_tmp: Path) -> None:
     assert out.getvalue() == ""
 
     for rank, rate in zip(HOSTS, (400.0, 390.0, 410.0, 343.0)):
-        monitor.on_event(step(rank, clock.now, 120, loss=0.31, rate=rate))
+        feed(monitor, step(rank, clock.now, 120, loss=0.31, rate=rate))
     monitor.tick()
     assert out.getvalue() == "npu-launch: step 120 | loss 0.31 | 1543 samples/s | slowest rank 3\n"
 
@@ -315,16 +317,16 @@ def test_plain_status_line_reports_evaluations_and_a_mode_other_than_graph(
     out = io.StringIO()
     monitor = make_monitor(weird_tmp, clock, stream=out)
     for rank in HOSTS:
-        monitor.on_event(record("initialised", rank, 0.0, exec_mode="graph"))
-        monitor.on_event(step(rank, 0.0, 45, loss=0.5, rate=100.0))
+        feed(monitor, record("initialised", rank, 0.0, exec_mode="graph"))
+        feed(monitor, step(rank, 0.0, 45, loss=0.5, rate=100.0))
     monitor.tick()
     clock.now = 10.0
     for rank in HOSTS:  # the last epoch's evaluation, and no step after it
-        monitor.on_event(evaluation(rank, 10.0, 2, 90, accuracy=0.96, loss=0.125))
+        feed(monitor, evaluation(rank, 10.0, 2, 90, accuracy=0.96, loss=0.125))
     monitor.tick()
     clock.now = 20.0
-    monitor.on_event({**step(2, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
-    monitor.on_event({**step(3, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
+    feed(monitor, {**step(2, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
+    feed(monitor, {**step(3, 20.0, 95, loss=0.5, rate=100.0), "exec_mode": "pynative"})
     monitor.tick()
 
     assert out.getvalue().splitlines() == [
@@ -342,7 +344,7 @@ def test_live_table_is_redrawn_at_most_once_a_second(weird_tmp: Path) -> None:
     initialise(monitor, clock)
     for i in range(250):  # 5 s of 20 ms ticks, a step event from every rank every tick
         for rank in HOSTS:
-            monitor.on_event(step(rank, clock.now, i))
+            feed(monitor, step(rank, clock.now, i))
         monitor.tick()
         clock.now += 0.02
     assert out.writes == 5  # t = 0, 1, 2, 3, 4 (t=5 is past the last tick)
@@ -359,7 +361,7 @@ def test_live_close_lifts_the_region_and_leaves_the_final_table(weird_tmp: Path)
     clock = FakeClock(0.0)
     out = io.StringIO()
     monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
-    monitor.on_event(step(2, 0.0, 7, loss=1.5, rate=12.0))
+    feed(monitor, step(2, 0.0, 7, loss=1.5, rate=12.0))
     monitor.tick()
     clock.now = 3.0
     monitor.close("succeeded", 0)
@@ -377,9 +379,9 @@ def test_live_table_shows_the_mode_and_each_ranks_held_out_accuracy(weird_tmp: P
     out = io.StringIO()
     monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
     for rank in HOSTS:
-        monitor.on_event(record("initialised", rank, 0.0, exec_mode="graph"))
-        monitor.on_event(step(rank, 1.0, 45, loss=0.4, rate=100.0))
-        monitor.on_event(evaluation(rank, 1.5, 1, 45, accuracy=0.9 + rank / 100, loss=0.3))
+        feed(monitor, record("initialised", rank, 0.0, exec_mode="graph"))
+        feed(monitor, step(rank, 1.0, 45, loss=0.4, rate=100.0))
+        feed(monitor, evaluation(rank, 1.5, 1, 45, accuracy=0.9 + rank / 100, loss=0.3))
     clock.now = 2.0
     monitor.close("succeeded", 0)  # never drawn (no tick): the final table as plain lines
 
@@ -419,10 +421,12 @@ def test_rank_lines_scroll_above_the_table_in_a_real_terminal(weird_tmp: Path) -
     script.write_text(textwrap.dedent("""\
         import sys, time
         from launcher.monitor import JobMonitor
+        from parallel.contract import Event
         m = JobMonitor(sys.argv[1], "tmux-job", {0: "a", 1: "a"}, sys.stdout, live=True,
                        clock=iter(range(0, 1000, 2)).__next__)
         for i in range(30):
-            m.on_event({"event": "step", "rank": i % 2, "step": i, "loss": 1.0, "time": 0})
+            m.on_event(Event.parse({"event": "step", "rank": i % 2, "step": i, "loss": 1.0,
+                                    "time": 0}))
             sys.stdout.buffer.write(b"[a:0] line %d\\n" % i)
             sys.stdout.buffer.flush()
             m.tick()
@@ -492,7 +496,7 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     tail = EventTail(str(events_path))
     for event in tail.read():
         monitor.on_event(event)
-    monitor.on_exit(3, 0)
+    exited(monitor, 3, 0, HOSTS)
     summary = monitor.close("succeeded", 0)
 
     written = [json.loads(line) for line in events_path.read_text().splitlines()]
@@ -515,7 +519,7 @@ def test_live_table_shows_the_ranks_furthest_behind_when_there_are_many(weird_tm
     ranks = {r: f"h{r // 8}" for r in range(12)}
     monitor = make_monitor(weird_tmp, clock, stream=out, live=True, ranks=ranks)
     for rank in ranks:
-        monitor.on_event({"event": "step", "rank": rank, "step": 3 if rank in (5, 9) else 8})
+        feed(monitor, {"event": "step", "rank": rank, "step": 3 if rank in (5, 9) else 8})
     monitor.tick()
     rows = [line.split()[0] for line in out.getvalue().split("\x1b[2K")[3:]]
     assert len(rows) == table_height(12) - 2 == 9
@@ -533,7 +537,7 @@ def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 5.0, behind=behind)
     assert run_steps(monitor, clock, (0, 1, 3), 6.0, 30.0, behind=behind) is not None
     for rank in (0, 1, 2, 3):  # the job stops, every rank exits, the job starts again
-        monitor.on_exit(rank, -15)
+        exited(monitor, rank, -15, HOSTS)
     monitor.begin_attempt()
     behind.begin_attempt()
     assert behind() is None

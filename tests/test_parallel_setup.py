@@ -159,7 +159,7 @@ def test_a_lone_process_initialises_without_a_cluster_and_reports_it(tmp_path):
     [event] = [json.loads(line) for line in events.read_text().splitlines()]
     assert {key: event[key] for key in ("event", "rank", "world_size", "device_target", "mode",
                                         "exec_mode")} == {
-        "event": contract.EVENT_INITIALISED, "rank": 0, "world_size": 1, "device_target": "CPU",
+        "event": contract.EVENT_LAYOUT, "rank": 0, "world_size": 1, "device_target": "CPU",
         "mode": "data", "exec_mode": "graph"}
 
 

@@ -12,6 +12,7 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
+from helpers import exited, feed
 from parallel import contract
 from launcher.monitor import JobMonitor
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
@@ -29,29 +30,29 @@ def write_job(log_dir: Path, close: bool = True, evals: bool = True) -> None:
     monitor = JobMonitor(str(log_dir), "job-7", HOSTS, open(os.devnull, "w"), live=False,
                          clock=lambda: now[0])
     for rank in HOSTS:
-        monitor.on_event({"event": "initialised", "rank": rank, "host": HOSTS[rank], "time": 500.0,
+        feed(monitor, {"event": "initialised", "rank": rank, "host": HOSTS[rank], "time": 500.0,
                           "exec_mode": "graph"})
     for n in range(1, 41):
         now[0] = 500.0 + n
         for rank in HOSTS:
-            monitor.on_event({"event": "step", "rank": rank, "host": HOSTS[rank], "pid": 1,
+            feed(monitor, {"event": "step", "rank": rank, "host": HOSTS[rank], "pid": 1,
                               "time": 500.0 + n, "step": n, "epoch": n // 20,
                               "loss": 2.0 / n + 0.01 * rank, "samples_per_s": 300.0 - 80 * (rank == 2)})
         if n % 20 == 0 and evals:
             for rank in HOSTS:
-                monitor.on_event({"event": contract.EVENT_EVAL, "rank": rank, "host": HOSTS[rank],
+                feed(monitor, {"event": contract.EVENT_EVAL, "rank": rank, "host": HOSTS[rank],
                                   "time": 500.0 + n, "epoch": n // 20, "step": n,
                                   "loss": 1.0 if n == 20 else 0.25, "samples": 360,
                                   "accuracy": (0.5 if n == 20 else 0.9) + 0.01 * rank})
         if n % 20 == 0:
-            monitor.on_event({"event": "checkpoint", "rank": 0, "host": "node-a", "time": 500.0 + n,
+            feed(monitor, {"event": "checkpoint", "rank": 0, "host": "node-a", "time": 500.0 + n,
                               "step": n, "path": f"/ckpt/step_{n}/rank_0.ckpt"})
     now[0] = 541.0
     for rank in HOSTS:
-        monitor.on_event({"event": "finished", "rank": rank, "host": HOSTS[rank], "time": 541.0,
+        feed(monitor, {"event": "finished", "rank": rank, "host": HOSTS[rank], "time": 541.0,
                           "steps": 40, "final_loss": 0.06, "samples_per_s": 290.0,
                           "exec_mode": "pynative" if rank == 2 else "graph"})
-        monitor.on_exit(rank, 0 if rank != 2 else 3)
+        exited(monitor, rank, 0 if rank != 2 else 3, HOSTS, at=541.0)
     if close:
         monitor.close("failed", 3, "npu-launch: job job-7 failed: rank 2 on node b exited with code 3")
     else:
@@ -155,7 +156,7 @@ def test_no_plot_writes_no_png(weird_tmp: Path) -> None:
 
 def test_a_job_without_step_events_gets_a_table_and_no_plot(weird_tmp: Path) -> None:
     monitor = JobMonitor(str(weird_tmp), "job-8", {0: "h"}, open(os.devnull, "w"), live=False)
-    monitor.on_event({"event": "initialised", "rank": 0, "host": "h", "time": 1.0})
+    feed(monitor, {"event": "initialised", "rank": 0, "host": "h", "time": 1.0})
     monitor.close("startup-timeout", 1)
     result = invoke(str(weird_tmp))
     assert result.exit_code == 0, result.output

@@ -28,6 +28,10 @@ def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = ()) -> sub
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _root_cause(tmp: Path) -> dict:
+    return json.loads((tmp / "logs" / "summary.json").read_text())["root_cause"]
+
+
 def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "ok-job", "--log-dir",
                           str(weird_tmp / "logs"), JOB, "--steps", "4")
@@ -37,6 +41,7 @@ def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
     assert set(sums) == {f"[{host}:0]", f"[{host}:1]"}, result.stdout
     assert len(set(sums.values())) == 1, f"ranks disagree: {sums}"
     assert "finished: 2 rank(s) exited 0" in result.stderr
+    assert _root_cause(weird_tmp) is None
     logs = weird_tmp / "logs"
     assert (logs / "scheduler.log").exists() and (logs / "rank_0.log").exists()
     assert "rank 1 of 2 up, RANK_ID=1" in (logs / "rank_1.log").read_text()
@@ -51,6 +56,11 @@ def test_failing_rank_is_the_root_cause(weird_tmp: Path) -> None:
     assert "ValueError: boom on rank 1" in err
     assert "last lines of" in err and "rank_1.log" in err
     assert "    | ValueError: boom on rank 1" in err, "the traceback reached the log first"
+    cause = _root_cause(weird_tmp)
+    assert {k: cause[k] for k in ("outcome", "process", "rank", "host", "exception", "error")} == {
+        "outcome": "failed", "process": "rank", "rank": 1, "host": socket.gethostname(),
+        "exception": "ValueError", "error": "boom on rank 1"}
+    assert isinstance(cause["pid"], int) and isinstance(cause["time"], float)
     assert_no_job_processes("fail-job")
 
 
@@ -63,6 +73,9 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGKILL, err
     assert "rank 1 on" in err and f"(pid {victim}) killed by SIGKILL" in err
+    cause = _root_cause(weird_tmp)
+    assert (cause["rank"], cause["pid"], cause["returncode"], cause["exception"]) == (
+        1, victim, -signal.SIGKILL, None)
     assert_no_job_processes("kill-job", seen)
 
 
@@ -75,6 +88,8 @@ def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     assert proc.returncode == 1, err
     assert "rank 1 on" in err and "never reached init()" in err, err
     assert "rank 0 on" in err and "waiting in init()" in err, err
+    cause = _root_cause(weird_tmp)
+    assert (cause["outcome"], cause["ranks"]) == ("startup-timeout", [0, 1])
     assert_no_job_processes("hang-job", seen)
 
 
@@ -90,6 +105,8 @@ def test_signal_to_launcher_stops_everything(weird_tmp: Path, sig, code) -> None
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert f"stopped by {sig.name}" in err
+    assert (_root_cause(weird_tmp)["outcome"], _root_cause(weird_tmp)["signal"]) == (
+        "interrupted", sig.name)
     assert_no_job_processes(job, seen)
 
 
@@ -127,4 +144,6 @@ def test_rank_hung_mid_training_is_named_with_its_stack(weird_tmp: Path) -> None
     assert "ms_job.py" in err.split("rank 1 is at")[1], "the hung rank's own frame is shown"
     summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
     assert summary["outcome"] == "stalled"
+    assert {k: summary["root_cause"][k] for k in ("outcome", "rank", "ranks")} == {
+        "outcome": "stalled", "rank": 1, "ranks": [0]}
     assert_no_job_processes("midhang-job", seen)
