@@ -144,6 +144,19 @@ DRIVER_NODES = ("davinci_manager", "devmm_svm", "hisi_hdc")
 """Device nodes the Ascend driver adds beside ``davinciN``; readers must ignore them."""
 
 
+def sparse(size: int) -> Callable[[Path], None]:
+    """A maker of a file that claims ``size`` bytes and holds none (a hostile-input fixture)."""
+    def make(path: Path) -> None:
+        with open(path, "wb") as f:
+            f.truncate(size)
+    return make
+
+
+def to_dev_zero(path: Path) -> None:
+    """Make ``path`` a link to ``/dev/zero``: endless bytes, not a regular file."""
+    path.symlink_to("/dev/zero")
+
+
 def feed(monitor: "JobMonitor", record: dict) -> None:
     """Hand ``record`` to ``monitor`` as the launcher's edge does: parsed into an ``Event``, or
     dropped when it names no event kind or no rank."""

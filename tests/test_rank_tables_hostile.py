@@ -15,7 +15,8 @@ from typing import Callable, Union
 
 import pytest
 
-from helpers import RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv
+from helpers import (RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv, sparse,
+                     to_dev_zero)
 
 TIMEOUT_S = 60
 """Far above the second or so each case takes: only a hang reaches it."""
@@ -45,26 +46,15 @@ def text_of(doc_text: str, **replace: str) -> str:
     return doc_text
 
 
-def sparse(size: int) -> Callable[[Path], None]:
-    def make(path: Path) -> None:
-        with open(path, "wb") as f:
-            f.truncate(size)
-    return make
-
-
 def directory(path: Path) -> None:
     path.mkdir()
-
-
-def dev_zero(path: Path) -> None:
-    path.symlink_to("/dev/zero")
 
 
 SERVER_COUNT = '"server_count": "1"'
 
 # name: (file content, words the error line must hold; "{f}" is the file's path)
 TABLES: dict[str, tuple[Content, tuple[str, ...]]] = {
-    "/dev/zero": (dev_zero, ("{f}: a rank table may be at most 16 MiB",)),
+    "/dev/zero": (to_dev_zero, ("{f}: a rank table may be at most 16 MiB",)),
     "a directory": (directory, ("{f}: cannot read the rank table: Is a directory",)),
     "larger than 16 MiB": (sparse(17 << 20), ("{f}: a rank table may be at most 16 MiB; this one is 17.0 MiB",)),
     "not UTF-8": (b'{"version": "1.0",\n "x": "\xff"}', ("{f}:2:8: not UTF-8 text (byte 0xff)",)),
@@ -237,7 +227,7 @@ def test_generate_options_are_refused_in_one_line(weird_tmp: Path, options: list
 
 
 @pytest.mark.parametrize("name, content, words", [
-    ("/dev/zero", dev_zero, "a hccn.conf may be at most 1 MiB"),
+    ("/dev/zero", to_dev_zero, "a hccn.conf may be at most 1 MiB"),
     ("a directory", directory, "cannot read the hccn.conf: Is a directory"),
     ("not UTF-8", b"address_0=192.1.10.6\naddress_1=\xff\n", ":2:11: not UTF-8 text (byte 0xff)"),
     ("huge device numbers", f"address_{HUGE}=1.1.1.1\n", "has no address_N for them"),

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from helpers import npu_launch_argv
+from helpers import npu_launch_argv, sparse, to_dev_zero
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
 from test_report import png_size, write_job
 
@@ -64,14 +64,6 @@ def each_field(summary: dict[str, Any], value: Any) -> None:
     for key in list(summary):
         summary[key] = value
 
-
-def to_dev_zero(path: Path) -> None:
-    path.symlink_to("/dev/zero")
-
-
-def sparse(path: Path) -> None:
-    with open(path, "wb") as f:
-        f.truncate(40 << 20)
 
 
 BROKEN_LINES = (b"not json\n" + "\xff\n".encode("latin-1") + b"x" * 3_000_000 + b"\n"
@@ -134,7 +126,7 @@ REPORTED: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
         "unreadable summary.json: exit_code: a number of 5000 digits; at most 32 are accepted: derived",)),
     "summary.json is not UTF-8": (summary_is(b'{"job_id": "\xff"}'), (
         "unreadable summary.json:1:13: not UTF-8 text (byte 0xff); a summary.json must be UTF-8: derived",)),
-    "summary.json is 40 MiB": (summary_is(sparse), (
+    "summary.json is 40 MiB": (summary_is(sparse(40 << 20)), (
         "unreadable summary.json: a summary.json may be at most 16 MiB; this one is 40.0 MiB: derived",)),
     "summary.json is /dev/zero": (summary_is(to_dev_zero), ("unreadable summary.json: not a regular file: derived",)),
     "summary.json is a directory": (summary_is(Path.mkdir), ("unreadable summary.json: not a regular file: derived",)),
