@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from launcher import control
+from launcher import control, payload
+from launcher.errors import LaunchError
 from launcher.config import ConsoleFilter
 from launcher.events import prepare_dirs
 from launcher.failures import JobResult
@@ -32,6 +33,7 @@ from launcher.plan import LaunchPlan
 from launcher.stalls import Stall
 from launcher.supervisor import LocalRanks
 from launcher.watch import Watch
+from parallel import contract
 from parallel.contract import Event
 
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -51,12 +53,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="which agents take stdin as node 0's control channel (mpirun feeds "
                         "only the first)")
     args = parser.parse_args(argv)
-    from_stdin = args.plan == "-"
-    body = json.loads(_read_line(0) if from_stdin else Path(args.plan).read_bytes())
+    body = json.loads(_payload(args.plan))
     plan = LaunchPlan.from_json(body["plan"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
     watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
     sys.exit(run_agent(plan, node_rank, watch))
+
+
+def _payload(source: str) -> bytes:
+    """The payload: on stdin (``-``, ssh), from the launcher (``tcp://``, srun and mpirun; the
+    key in the environment is this process's alone, and its ranks do not inherit it), or in a
+    file."""
+    if source == "-":
+        return _read_line(0)
+    if source.startswith(payload.SCHEME):
+        key = os.environ.pop(contract.PAYLOAD_KEY, "")
+        if not key:
+            raise SystemExit(f"npu-launch agent: no {contract.PAYLOAD_KEY} in the environment "
+                             "(does --launcher-args stop srun or mpirun passing it on?)")
+        try:
+            return payload.fetch(source, key)
+        except LaunchError as e:
+            raise SystemExit(f"npu-launch agent: {e.message}") from None
+    return Path(source).read_bytes()
 
 
 def _read_line(fd: int) -> bytes:

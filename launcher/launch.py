@@ -8,6 +8,7 @@ one ``Attempt`` per try carries the ranks' events to the monitor.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -35,6 +36,7 @@ from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
 from launcher.output import Console
+from launcher.payload import serving
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import render, run_preflight
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
@@ -174,10 +176,14 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         _write_plan(plan)
         return run_local(plan, environ, job.node_rank, console, config.console, attempt)
     prepare_dirs(plan.log_dir)
-    agents = job.backend.agent_launches(plan, payload_for(plan))
-    prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
-    _write_plan(plan)
-    return run_agents(plan, agents, config.console, environ, console, attempt)
+    payload = payload_for(plan)
+    with contextlib.ExitStack() as stack:
+        served = stack.enter_context(serving(payload, plan.master_addr)) \
+            if job.backend.serves_payload else None
+        agents = job.backend.agent_launches(plan, payload, served)
+        prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
+        _write_plan(plan)
+        return run_agents(plan, agents, config.console, environ, console, attempt)
 
 
 def _write_plan(plan: LaunchPlan) -> None:

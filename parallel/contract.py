@@ -52,6 +52,8 @@ MASTER_PORT = "MASTER_PORT"
 # npu-launch's own.
 JOB_ID = "NPU_LAUNCH_JOB_ID"
 """The job's name, as the user sees it (logs, events). Another launch may carry the same one."""
+PAYLOAD_KEY = "NPU_LAUNCH_PAYLOAD_KEY"
+"""srun/mpirun agents only: the key that gets the plan from the launcher (``launcher.payload``)."""
 TOKEN = "NPU_LAUNCH_TOKEN"
 """A secret drawn for each launch (attempt): teardown sweeps stragglers by it and the node rank,
 never by the user-visible job id or by command name, so no launch signals a process it did not

@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Protocol
 from launcher.backends.common import split_ssh_options
 from launcher.cluster import AgentLaunch
 from launcher.hostfile import HostSelection
+from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
 
 
@@ -37,12 +38,17 @@ class TransportOptions:
 
 class Backend(Protocol):
     kind: LauncherKind
+    serves_payload: bool
+    """Its agents fetch the payload from the launcher (``launcher.payload``); else they get it
+    on their stdin."""
 
     def hosts(self) -> list[HostSelection]:
         """The job's hosts in node-rank order, with the cards each may use."""
 
-    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
-        """The processes that start every node's agent, fed ``payload``."""
+    def agent_launches(self, plan: LaunchPlan, payload: bytes,
+                       served: Optional[PayloadServer] = None) -> list[AgentLaunch]:
+        """The processes that start every node's agent, fed ``payload`` (or pointed at it,
+        ``served``)."""
 
 
 class HostfileBackend:

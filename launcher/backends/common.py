@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 
 from parallel import contract
 from launcher.limits import shell_words
+from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan, ProcessSpec, Role
 
 AGENT_MODULE = "launcher.agent"
@@ -17,21 +18,17 @@ def agent_argv(python: str, plan_source: str, node_rank: Optional[int],
     return argv + (["--node-rank", str(node_rank)] if node_rank is not None else [])
 
 
-def agent_spec(plan: LaunchPlan, host: str, node_rank: int, argv: Sequence[str]) -> ProcessSpec:
-    """Node 0's record of one agent process; its output is kept in ``agents/<host>.log``."""
+def agent_spec(plan: LaunchPlan, host: str, node_rank: int, argv: Sequence[str],
+               served: Optional[PayloadServer] = None) -> ProcessSpec:
+    """Node 0's record of one agent process; its output is kept in ``agents/<host>.log``. An
+    srun or mpirun carries the key to the ``served`` plan in its environment."""
+    env = {contract.JOB_ID: plan.job_id}
+    if served is not None:
+        env[contract.PAYLOAD_KEY] = served.key
     return ProcessSpec(role=Role.AGENT, rank=None, host=host, node_rank=node_rank,
                        local_rank=None, device_id=None,
                        log_path=os.path.join(plan.log_dir, "agents", f"{host}.log"),
-                       env={contract.JOB_ID: plan.job_id}, argv=tuple(argv))
-
-
-def write_payload_file(plan: LaunchPlan, payload: bytes) -> str:
-    """srun and mpirun start all agents with one command line: the plan goes by file, which
-    every host must see at the same path (the job's log dir on a shared file system)."""
-    path = os.path.join(plan.log_dir, "agent_payload.json")
-    with open(path, "wb") as f:
-        f.write(payload)
-    return path
+                       env=env, argv=tuple(argv))
 
 
 def python_of(plan: LaunchPlan) -> str:

@@ -4,11 +4,15 @@ from __future__ import annotations
 import os
 
 from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
-from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
+from typing import Optional
+
+from launcher.backends.common import agent_argv, agent_spec, python_of
+from launcher.payload import PayloadServer
 from launcher.cluster import AgentLaunch
 from launcher.errors import ConfigError
 from launcher.hostfile import HostSelection
 from launcher.plan import LaunchPlan
+from parallel import contract
 
 
 class MpiBackend(HostfileBackend):
@@ -23,12 +27,16 @@ class MpiBackend(HostfileBackend):
                               "in ~/.ssh/config)")
         super().__init__(hosts, options)
 
-    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+    serves_payload = True
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes,
+                       served: Optional[PayloadServer] = None) -> list[AgentLaunch]:
+        assert served is not None, "mpirun's agents fetch the plan: serves_payload"
         hosts = ",".join(f"{h.host}:1" for h in self._hosts)
         argv = ["mpirun", "-np", str(len(self._hosts)), "--host", hosts,
-                "--map-by", "ppr:1:node", "-wdir", plan.workdir]
+                "--map-by", "ppr:1:node", "-wdir", plan.workdir, "-x", contract.PAYLOAD_KEY]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
         argv += [*self._options.launcher_args,
-                 *agent_argv(python_of(plan), write_payload_file(plan, payload), None, "node0")]
-        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv), b"")]
+                 *agent_argv(python_of(plan), served.address, None, "node0")]
+        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv, served), b"")]

@@ -5,7 +5,8 @@ import subprocess
 from typing import Mapping, Optional
 
 from launcher.backends import LauncherKind, TransportOptions
-from launcher.backends.common import agent_argv, agent_spec, python_of, write_payload_file
+from launcher.backends.common import agent_argv, agent_spec, python_of
+from launcher.payload import PayloadServer
 from launcher.cluster import AgentLaunch
 from launcher.errors import ConfigError
 from launcher.hostfile import HostSelection, check_host_name
@@ -70,11 +71,15 @@ class SlurmBackend:
     def hosts(self) -> list[HostSelection]:
         return self._hosts
 
-    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+    serves_payload = True
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes,
+                       served: Optional[PayloadServer] = None) -> list[AgentLaunch]:
+        assert served is not None, "srun's agents fetch the plan: serves_payload"
         n = len(self._hosts)
         argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(h.host for h in self._hosts)}", "--kill-on-bad-exit=1",
                 f"--chdir={plan.workdir}", f"--job-name=npu-launch-{plan.job_id}",
                 *self._options.launcher_args,
-                *agent_argv(python_of(plan), write_payload_file(plan, payload), None)]
-        return [AgentLaunch(agent_spec(plan, "srun", 0, argv), b"")]
+                *agent_argv(python_of(plan), served.address, None)]
+        return [AgentLaunch(agent_spec(plan, "srun", 0, argv, served), b"")]

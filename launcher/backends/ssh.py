@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of, split_ssh_options
 from launcher.cluster import AgentLaunch
+from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
 
 __all__ = ["SshBackend", "split_ssh_options", "ssh_argv"]
@@ -32,7 +33,10 @@ def ssh_argv(host: str, user: Optional[str], remote: Sequence[str], workdir: str
 class SshBackend(HostfileBackend):
     kind = LauncherKind.SSH
 
-    def agent_launches(self, plan: LaunchPlan, payload: bytes) -> list[AgentLaunch]:
+    serves_payload = False
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes,
+                       served: Optional[PayloadServer] = None) -> list[AgentLaunch]:
         launches = []
         for node_rank, host in enumerate(self._hosts):
             remote = agent_argv(python_of(plan), "-", node_rank)
