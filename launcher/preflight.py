@@ -73,7 +73,7 @@ def _probe(host: HostSelection, options: TransportOptions, workdir: str,
         return None, "unreachable: " + _last_line(out.stderr)
     if _CD_FAILED in out.stderr or "can't cd" in out.stderr:
         return None, f"no directory {path_shown(workdir)} there"
-    if out.returncode == 127 or "No such file" in out.stderr:
+    if out.returncode == 127:  # the remote shell found no such command
         return None, f"no {sys.executable} there"
     if out.returncode != 0:
         return None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}"
