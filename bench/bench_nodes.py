@@ -2,9 +2,10 @@
 
     sudo python bench/bench_nodes.py [--runs 3] [--nodes 1 2 3]
 
-Makes real hosts (network namespaces with their own sshd, tests/multinode/cluster.py), writes a
-hostfile of N of them with one card each, and runs bench/tiny_job.py through npu-launch; also a
-plain one-node local launch of one rank for reference. Every host shares this machine's 2 cores,
+Makes real hosts (network namespaces with their own sshd, disks and process tables,
+tests/multinode/cluster.py), writes a hostfile of N of them with one card each, and runs
+bench/tiny_job.py through npu-launch from the first of them; also a plain one-node local launch
+of one rank for reference. Every host shares this machine's 2 cores,
 so the figures include N MindSpore imports competing for them.
 """
 from __future__ import annotations
@@ -33,19 +34,28 @@ def load_cluster():
     return module
 
 
-def run(argv: list[str], env: dict) -> tuple[float, float]:
-    """(seconds to all ranks initialised, whole run) for one launch."""
+def run(argv: list[str], env: dict, cluster=None, n: int = 1) -> tuple[float, float]:
+    """(seconds to all ranks initialised, whole run) for one launch: here, or from the first of
+    ``cluster``'s hosts, which have private disks (the work directory is copied to each, as a
+    user's rsync would, and each rank's marks are read back from its own host)."""
     work = Path(tempfile.mkdtemp(prefix="bench-nodes-"))
     marks = work / "marks"
     marks.mkdir()
+    hosts = cluster.names[:n] if cluster else []
+    if cluster:
+        (work / "hosts").write_text("".join(f"{h} slots=1\n" for h in hosts))
+        cluster.put(work, hosts)
+        argv = cluster.enter_argv(hosts[0], work) + argv + ["--hostfile", str(work / "hosts")]
     start = time.time()
     # --env: other hosts get only what is forwarded (see README, Hostfile).
     subprocess.run(argv + ["--log-dir", str(work / "logs"), "--env", f"BENCH_OUT={marks}",
                            "--env", "BENCH_MODE=ok", str(JOB)], cwd=work, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600)
     end = time.time()
-    inits = [float(line.split()[1]) for f in marks.glob("rank_*.txt")
-             for line in f.read_text().splitlines() if line.startswith("init")]
+    texts = [cluster.read_text(h, marks / f"rank_{r}.txt") for r, h in enumerate(hosts)] if cluster \
+        else [f.read_text() for f in marks.glob("rank_*.txt")]
+    inits = [float(line.split()[1]) for text in texts for line in (text or "").splitlines()
+             if line.startswith("init")]
     shutil.rmtree(work, ignore_errors=True)
     return max(inits) - start, end - start
 
@@ -64,11 +74,8 @@ def main() -> None:
     with cluster_module.Cluster(max(args.nodes), tag=cluster_module.unique_tag("b")) as cluster:
         cluster.start_ssh()
         for n in args.nodes:
-            hostfile = Path(tempfile.mkdtemp()) / "hosts"
-            hostfile.write_text("".join(f"{h} slots=1\n" for h in cluster.names[:n]))
-            argv = base + ["--hostfile", str(hostfile), "--ssh-option",
-                           f"-F {cluster.ssh_config_path}"]
-            times = [run(argv, cluster.env) for _ in range(args.runs)]
+            argv = base + ["--ssh-option", f"-F {cluster.ssh_config_path}"]
+            times = [run(argv, cluster.env, cluster, n) for _ in range(args.runs)]
             print(f"{f'ssh, {n} node(s) x 1':<22} {statistics.median(t for t, _ in times):>10.2f} "
                   f"{statistics.median(w for _, w in times):>9.2f}", flush=True)
 

@@ -3,13 +3,18 @@
 ``ssh_cluster``: 2 hosts, each with its own sshd. ``slurm_cluster``: 2 hosts, each with a slurmd,
 plus munged and slurmctld in the root namespace. Both are session-scoped :class:`Cluster` objects:
 
-* ``names``, ``addresses``, ``hosts`` (``Host(name, address, uts_path)``, ``netns_path``)
+* ``names``, ``addresses``, ``hosts`` (``Host(name, address)``, ``netns_path``)
 * ``ssh_config_path`` (ssh_cluster): ``ssh -F <it> <name> CMD`` works in BatchMode
-* ``run_on(name, argv) -> CompletedProcess``, ``popen_on(name, argv) -> Popen``,
-  ``enter_argv(name)`` (the nsenter prefix), ``ssh_argv(name, argv)``
-* ``pids_in(name)`` (processes in the host except the cluster's sshd/slurmd listeners),
-  ``all_pids_in(name)``, ``daemons``
+* ``run_on(name, argv, cwd=...) -> CompletedProcess``, ``popen_on(name, argv, cwd=...) ->
+  HostPopen`` (``host_pid``; signals are sent inside the host), ``enter_argv(name)`` (the
+  nsenter prefix), ``ssh_argv(name, argv)``
+* each host's own filesystem: ``put(dir)`` copies a directory to every host, ``fetch``,
+  ``read_text``, ``exists`` look at a host's files
+* each host's own process table: ``processes(name)``, ``pids_in(name)`` (except the host's init
+  and sshd/slurmd listeners), ``all_pids_in(name)``, all in the host's own pids; ``daemons``
 * ``env``: environment for subprocesses (``SLURM_CONF`` for slurm_cluster, PATH with sbin)
+
+``jobs.py`` builds on them for jobs: job directories, hostfiles, a job's processes and events.
 
 They skip, with the reason, only when this machine cannot have fake hosts: not root, network
 namespaces forbidden, or binaries missing (install them with ``.ci/install-system-deps``). That

@@ -1,4 +1,5 @@
-"""The fake hosts really behave like separate hosts: own hostname, own address and ports, sshd, Slurm."""
+"""The fake hosts really behave like separate hosts: own hostname, address and ports, own files
+and process table, sshd, Slurm; and the checks that look inside them can fail."""
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ from helpers import wait_for
 
 from . import cluster as cluster_mod
 from .cluster import HOSTS_FILE, NETNS_DIR, STATE_ROOT, Cluster, Daemon, recorded_daemons, unique_tag
+from .jobs import assert_no_job_processes, job_pids
 
 pytestmark = pytest.mark.multinode
 
@@ -99,28 +101,93 @@ def test_python_over_ssh_is_ours_and_imports_launcher(ssh_cluster: Cluster) -> N
 
 def test_pids_in_sees_a_process_of_one_host_only(ssh_cluster: Cluster) -> None:
     a, b = ssh_cluster.names
-    proc = ssh_cluster.popen_on(a, ["sleep", "60"])
+    proc = ssh_cluster.popen_on(a, ["sleep", "61"])
     try:
-        # popen_on's pid is nsenter's, which execs sleep in place: same pid.
-        wait_for(lambda: proc.pid in ssh_cluster.pids_in(a), f"pid {proc.pid} in {a}", 10)
-        assert proc.pid not in ssh_cluster.pids_in(b)
-        sshd = {d.pid for d in ssh_cluster.daemons if d.host == a}
+        # Host pids: each host numbers its own processes, so b may well have the same number.
+        wait_for(lambda: proc.host_pid in ssh_cluster.pids_in(a), f"pid {proc.host_pid} in {a}", 10)
+        assert not any(p["cmdline"] == ["sleep", "61"] for p in ssh_cluster.processes(b))
+        sshd = {d.host_pid for d in ssh_cluster.daemons if d.host == a and d.role == "sshd"}
         assert sshd and sshd <= set(ssh_cluster.all_pids_in(a))
         assert not sshd & set(ssh_cluster.pids_in(a))
+        assert 1 in ssh_cluster.all_pids_in(a) and 1 not in ssh_cluster.pids_in(a)  # the init
     finally:
         proc.kill()
         proc.wait()
-    assert proc.pid not in ssh_cluster.pids_in(a)
+    assert proc.host_pid not in ssh_cluster.pids_in(a)
+
+
+def test_a_host_sees_and_signals_only_its_own_processes(ssh_cluster: Cluster) -> None:
+    a, b = ssh_cluster.names
+    proc = ssh_cluster.popen_on(a, ["sleep", "62"])
+    try:
+        pid = proc.host_pid
+        for host in (a, b):  # ps, over ssh as a user would run it
+            res = subprocess.run(ssh_cluster.ssh_argv(host, ["ps", "-e", "-o", "pid=,args="]),
+                                 capture_output=True, text=True, env=ssh_cluster.env, timeout=60)
+            assert res.returncode == 0, res.stderr
+            assert (f"{pid} sleep 62" in [line.strip() for line in res.stdout.splitlines()]) == (host == a)
+        # b cannot reach a's process by the pid the machine (the root namespace) gives it; a
+        # process of b's own that has a's host pid is another one (not sent a signal here).
+        root_pid = psutil.Process(proc.pid).children()[0].pid
+        assert ssh_cluster.run_on(b, ["kill", "-s", "0", str(root_pid)]).returncode != 0
+        same_number = ssh_cluster.run_on(b, ["ps", "-p", str(pid), "-o", "args="]).stdout
+        assert "sleep 62" not in same_number
+        res = ssh_cluster.run_on(a, ["kill", "-s", "TERM", str(pid)])
+        assert res.returncode == 0, res.stderr
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_hosts_directories_are_its_own(ssh_cluster: Cluster, tmp_path: Path) -> None:
+    a, b = ssh_cluster.names
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "script.py").write_text("print('hi')\n")
+    assert not any(ssh_cluster.exists(h, job) for h in (a, b)), "the test's tmp_path is on a host"
+    ssh_cluster.put(job)
+    assert [ssh_cluster.read_text(h, job / "script.py") for h in (a, b)] == ["print('hi')\n"] * 2
+    for private in ("/tmp", "/var/tmp", "/dev/shm"):
+        marker = Path(private) / f"written-on-a-{os.getpid()}"
+        # Written over ssh, seen by a's own run_on; not by b, nor by the root namespace.
+        res = subprocess.run(ssh_cluster.ssh_argv(a, ["touch", str(marker)]), capture_output=True,
+                             text=True, env=ssh_cluster.env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert ssh_cluster.exists(a, marker) and not ssh_cluster.exists(b, marker)
+        assert not marker.exists(), f"{marker} of host {a} is in the root namespace"
+    (job / "local-only").write_text("x")
+    assert not ssh_cluster.exists(a, job / "local-only")
+    ssh_cluster.run_on(b, ["sh", "-c", 'echo from-b > "$1/out"', "sh", str(job)], check=True)
+    fetched = tmp_path / "from-b"
+    assert ssh_cluster.fetch(b, job, fetched)
+    assert (fetched / "out").read_text() == "from-b\n" and not (job / "out").exists()
+    assert not ssh_cluster.exists(a, job / "out")
+
+
+def test_the_leftover_check_sees_a_process_left_on_a_host(ssh_cluster: Cluster) -> None:
+    """The check every job test ends with fails when a host still runs a process of the job."""
+    a, b = ssh_cluster.names
+    env = {**ssh_cluster.env, "NPU_LAUNCH_JOB_ID": "left-behind"}
+    proc = ssh_cluster.popen_on(b, ["sleep", "63"], env=env)
+    try:
+        wait_for(lambda: job_pids(ssh_cluster, "left-behind"), "the left process", 10)
+        assert job_pids(ssh_cluster, "left-behind") == {(b, proc.host_pid)}
+        with pytest.raises(AssertionError, match=f"{b}.*sleep 63"):
+            assert_no_job_processes(ssh_cluster, "left-behind")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_no_job_processes(ssh_cluster, "left-behind")
 
 
 def test_srun_runs_one_task_on_each_host(slurm_cluster: Cluster) -> None:
-    res = subprocess.run(["srun", "-N2", "hostname"], capture_output=True, text=True,
-                         env=slurm_cluster.env, timeout=120)
+    login = slurm_cluster.names[0]  # the first host is the login node too
+    res = slurm_cluster.run_on(login, ["srun", "-N2", "hostname"])
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.split()) == sorted(slurm_cluster.names)
-    res = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "--label", "sh", "-c",
-                          "echo $SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $(hostname)"],
-                         capture_output=True, text=True, env=slurm_cluster.env, timeout=120)
+    res = slurm_cluster.run_on(login, ["srun", "-N2", "--ntasks-per-node=1", "--label", "sh", "-c",
+                                       "echo $SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $(hostname)"])
     assert res.returncode == 0, res.stderr
     rows = sorted(line.split(": ", 1)[1].split() for line in res.stdout.splitlines())
     assert rows == [[str(i), str(i), n, n] for i, n in enumerate(sorted(slurm_cluster.names))]
@@ -134,7 +201,7 @@ def test_teardown_leaves_nothing_behind_and_is_idempotent(can_host_slurm_cluster
         cluster.start_slurm()
         workdir, names, daemons = cluster.workdir, cluster.names, list(cluster.daemons)
         job = cluster.popen_on(names[0], ["sleep", "300"])  # a stray job process
-        assert {d.role for d in daemons} == {"sshd", "munged", "slurmctld", "slurmd"}
+        assert {d.role for d in daemons} == {"init", "sshd", "munged", "slurmctld", "slurmd"}
     job.wait(timeout=10)
     _assert_gone(tag, names, daemons, workdir)
     cluster.teardown()  # again: a no-op
@@ -143,10 +210,11 @@ def test_teardown_leaves_nothing_behind_and_is_idempotent(can_host_slurm_cluster
 
 def test_teardown_after_partial_setup(can_host_ssh_clusters: None) -> None:
     tag = unique_tag("p")
-    cluster = Cluster(2, tag=tag).setup()  # network only, no services yet
-    names, workdir = cluster.names, cluster.workdir
+    cluster = Cluster(2, tag=tag).setup()  # network and inits only, no services yet
+    names, workdir, inits = cluster.names, cluster.workdir, list(cluster.daemons)
+    assert [d.role for d in inits] == ["init", "init"]
     cluster.teardown()
-    _assert_gone(tag, names, [], workdir)
+    _assert_gone(tag, names, inits, workdir)
 
 
 def test_cluster_of_a_killed_run_is_cleaned_at_next_setup(can_host_ssh_clusters: None) -> None:
@@ -174,6 +242,7 @@ def test_cluster_of_a_killed_run_is_cleaned_at_next_setup(can_host_ssh_clusters:
 
 
 _KILLED_OWNER = textwrap.dedent("""
+    # Loaded by path, as scripts/test-hosts and bench/bench_nodes.py load it.
     import importlib.util, sys, time
     spec = importlib.util.spec_from_file_location("npl_cluster", sys.argv[1])
     mod = importlib.util.module_from_spec(spec)

@@ -1,58 +1,62 @@
 """Multi-node launches over real ssh between real (namespace) hosts, with real MindSpore ranks.
 
-Each host is a network namespace with its own address, hostname and sshd (cluster.py). The
-launcher runs in the root namespace as node 0 would on a login node. "No process left" is
-checked inside each host's namespace and by the job id.
+Each host has its own address, hostname, sshd, filesystem and process table (cluster.py). The
+launcher runs inside the first host, as node 0 does on a real cluster; the job's directory
+(script, hostfile, env file) is copied to every host before it starts. What the job wrote and
+what it left running are looked up inside each host: node 0's log dir on the first host, each
+node's own logs and events on its own disk, "no process left" in every host's process table.
 """
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 
-from helpers import (RANK_SCRIPTS, assert_no_job_processes, checksums, initialised, job_pids,
-                     npu_launch_argv, run_launcher, wait_for, worker_pid)
+from helpers import checksums, npu_launch_argv
+
+from .jobs import (assert_no_job_processes, initialised, job_dir, job_pids, job_processes,
+                   kill_in_host, launch_on, run_on_node0, wait_slowly, worker, write_hostfile)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
-JOB = str(RANK_SCRIPTS / "ms_job.py")
 
 
-def _hostfile(tmp: Path, cluster, extra: str = "") -> Path:
-    path = tmp / "hosts"
-    path.write_text("# test hosts\n" + "".join(f"{n} slots=2\n" for n in cluster.names) + extra)
-    return path
+def _job(cluster, tmp: Path, extra_hosts: str = "") -> tuple[Path, Path]:
+    """The job directory ``tmp`` on every host: the rank script and a hostfile of 2 slots per
+    host. Returns (script, hostfile)."""
+    hostfile = write_hostfile(tmp, cluster, slots=2, extra=extra_hosts)
+    job_dir(cluster, tmp)
+    return tmp / "ms_job.py", hostfile
 
 
-def _argv(cluster, tmp: Path, job: str, *args: str, hostfile: Path = None) -> list[str]:
-    return npu_launch_argv("--hostfile", str(hostfile or _hostfile(tmp, cluster)),
-                           "--ssh-option", f"-F {cluster.ssh_config_path}", "--device", "cpu",
-                           "--job-id", job, "--log-dir", str(tmp / job), "--kill-timeout", "3",
-                           *args)
+def _args(cluster, tmp: Path, job: str, *args: str, hostfile: Path = None) -> list[str]:
+    return ["--hostfile", str(hostfile or tmp / "hosts"),
+            "--ssh-option", f"-F {cluster.ssh_config_path}", "--device", "cpu",
+            "--job-id", job, "--log-dir", str(tmp / job), "--kill-timeout", "3", *args]
 
 
-def _nothing_left_on_hosts(cluster, job: str) -> None:
-    for host in cluster.names:
-        left = []
-        for pid in cluster.pids_in(host):
-            try:
-                if psutil.Process(pid).environ().get("NPU_LAUNCH_JOB_ID") == job:
-                    left.append(pid)
-            except psutil.Error:
-                continue
-        assert not left, f"{host} still runs {left} of job {job}"
-    assert_no_job_processes(job)
+def _start(cluster, tmp: Path, job: str, *args: str):
+    """The job started from its directory on node 0 (the first host)."""
+    return launch_on(cluster, cluster.names[0], _args(cluster, tmp, job, *args), cwd=tmp)
+
+
+def _wait_initialised(cluster, tmp: Path, job: str, proc=None, timeout: float = 120) -> None:
+    wait_slowly(lambda: initialised(cluster, tmp / job, range(4))
+                or (proc is not None and proc.poll() is not None), f"{job}: 4 ranks initialised",
+                timeout)
+    if proc is not None:
+        assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
 
 
 def test_two_nodes_train_like_one_node_of_four(ssh_cluster, weird_tmp: Path) -> None:
-    multi = subprocess.run(_argv(ssh_cluster, weird_tmp, "mn-ok", JOB, "--steps", "3"),
-                           capture_output=True, text=True, timeout=300, cwd=weird_tmp)
+    script, _ = _job(ssh_cluster, weird_tmp)
+    multi = run_on_node0(ssh_cluster, _args(ssh_cluster, weird_tmp, "mn-ok", str(script),
+                                            "--steps", "3"), cwd=weird_tmp)
     assert multi.returncode == 0, multi.stderr[-3000:]
-    single = run_launcher("--device", "cpu", "--cards", "4", "--log-dir", str(weird_tmp / "one"),
-                          JOB, "--steps", "3")
+    single = run_on_node0(ssh_cluster, ["--device", "cpu", "--cards", "4", "--log-dir",
+                                        str(weird_tmp / "one"), str(script), "--steps", "3"],
+                          cwd=weird_tmp)
     assert single.returncode == 0, single.stderr[-3000:]
     multi_sums, single_sums = checksums(multi.stdout), checksums(single.stdout)
     a, b = ssh_cluster.names
@@ -61,60 +65,56 @@ def test_two_nodes_train_like_one_node_of_four(ssh_cluster, weird_tmp: Path) -> 
     assert len(set(multi_sums.values()) | set(single_sums.values())) == 1, (multi_sums,
                                                                           single_sums)
     logs = weird_tmp / "mn-ok"
-    assert "checksum" in (logs / "rank_3.log").read_text(), "node 0 keeps a copy of every log"
-    assert (logs / "hosts" / b / "rank_3.log").exists()
-    assert (logs / "hosts" / a / "scheduler.log").exists()
-    _nothing_left_on_hosts(ssh_cluster, "mn-ok")
+    copy = ssh_cluster.read_text(a, logs / "rank_3.log")
+    assert copy is not None and "checksum" in copy, "node 0 keeps a copy of every log"
+    assert ssh_cluster.exists(b, logs / "hosts" / b / "rank_3.log"), "node 1 keeps its own logs"
+    assert ssh_cluster.exists(a, logs / "hosts" / a / "scheduler.log")
+    assert_no_job_processes(ssh_cluster, "mn-ok")
 
 
 def test_rank_killed_on_node_1_ends_the_job_everywhere(ssh_cluster, weird_tmp: Path) -> None:
     job = "mn-kill"
-    proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
-    victim = worker_pid(job, 3)
-    assert victim in ssh_cluster.pids_in(ssh_cluster.names[1])
-    psutil.Process(victim).kill()
+    script, _ = _job(ssh_cluster, weird_tmp)
+    proc = _start(ssh_cluster, weird_tmp, job, str(script), "--sleep-after-init", "3600")
+    _wait_initialised(ssh_cluster, weird_tmp, job)
+    host, victim = worker(ssh_cluster, job, 3)
+    assert host == ssh_cluster.names[1]
+    kill_in_host(ssh_cluster, host, victim, "KILL")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 137, err[-3000:]
     assert f"rank 3 on {ssh_cluster.names[1]} (pid {victim}) killed by SIGKILL" in err
-    _nothing_left_on_hosts(ssh_cluster, job)
+    assert_no_job_processes(ssh_cluster, job)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_on_node_0_leaves_nothing_on_any_node(ssh_cluster, weird_tmp: Path, sig,
                                                       code) -> None:
     job = f"mn-{sig.name.lower()}"
-    proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
-    for host in ssh_cluster.names:
-        assert any(psutil.Process(p).environ().get("NPU_LAUNCH_JOB_ID") == job
-                   for p in ssh_cluster.pids_in(host)), f"no rank of {job} on {host}"
-    proc.send_signal(sig)
+    script, _ = _job(ssh_cluster, weird_tmp)
+    proc = _start(ssh_cluster, weird_tmp, job, str(script), "--sleep-after-init", "3600")
+    _wait_initialised(ssh_cluster, weird_tmp, job)
+    for host, procs in job_processes(ssh_cluster, job).items():
+        assert procs, f"no rank of {job} on {host}"
+    proc.send_signal(sig)  # sent inside node 0, to the launcher itself
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-3000:]
-    _nothing_left_on_hosts(ssh_cluster, job)
+    assert_no_job_processes(ssh_cluster, job)
 
 
 def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -> None:
-    first = subprocess.Popen(_argv(ssh_cluster, weird_tmp, "mn-first", JOB,
-                                   "--sleep-after-init", "3600"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    second = subprocess.Popen(_argv(ssh_cluster, weird_tmp, "mn-second", JOB,
-                                    "--sleep-after-init", "5", "--steps", "2"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script, _ = _job(ssh_cluster, weird_tmp)
+    first = _start(ssh_cluster, weird_tmp, "mn-first", str(script), "--sleep-after-init", "3600")
+    second = _start(ssh_cluster, weird_tmp, "mn-second", str(script), "--sleep-after-init", "5",
+                    "--steps", "2")
     for job, proc in (("mn-first", first), ("mn-second", second)):
         # Eight MindSpore ranks start on two cores here: give them time, and say why on failure.
-        wait_for(lambda: initialised(weird_tmp / job, range(4)) or proc.poll() is not None,
-                 f"{job} up", 300)
-        assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
-    survivors = set(job_pids("mn-second"))
+        _wait_initialised(ssh_cluster, weird_tmp, job, proc, 300)
+    survivors = job_pids(ssh_cluster, "mn-second")
     first.send_signal(signal.SIGINT)
     first.communicate(timeout=120)
     assert first.returncode == 130
-    _nothing_left_on_hosts(ssh_cluster, "mn-first")
-    assert survivors <= set(job_pids("mn-second")), "the first job's teardown hit the second"
+    assert_no_job_processes(ssh_cluster, "mn-first")
+    assert survivors <= job_pids(ssh_cluster, "mn-second"), "the first job's teardown hit the second"
     out, err = second.communicate(timeout=300)
     assert second.returncode == 0, err[-3000:]
     sums = checksums(out)
@@ -123,18 +123,19 @@ def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -
 
 def test_unreachable_host_fails_preflight_and_starts_nothing(ssh_cluster,
                                                              weird_tmp: Path) -> None:
-    hostfile = _hostfile(weird_tmp, ssh_cluster, extra="npl-nowhere.invalid slots=2\n")
-    result = subprocess.run(_argv(ssh_cluster, weird_tmp, "mn-pre", JOB, hostfile=hostfile),
-                            capture_output=True, text=True, timeout=120)
+    script, hostfile = _job(ssh_cluster, weird_tmp, extra_hosts="npl-nowhere.invalid slots=2\n")
+    result = run_on_node0(ssh_cluster, _args(ssh_cluster, weird_tmp, "mn-pre", str(script)),
+                          cwd=weird_tmp, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "npl-nowhere.invalid" in result.stderr and "unreachable" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
         "npu-launch: error: preflight failed on npl-nowhere.invalid")
-    assert not job_pids("mn-pre") and not (weird_tmp / "mn-pre").exists()
-    table = subprocess.run(npu_launch_argv("preflight", "--hostfile", str(hostfile),
-                                           "--ssh-option", f"-F {ssh_cluster.ssh_config_path}"),
-                           capture_output=True, text=True, timeout=120)
-    assert table.returncode == 1
+    assert_no_job_processes(ssh_cluster, "mn-pre")
+    assert not any(ssh_cluster.exists(h, weird_tmp / "mn-pre") for h in ssh_cluster.names)
+    table = ssh_cluster.run_on(ssh_cluster.names[0], npu_launch_argv(
+        "preflight", "--hostfile", str(hostfile), "--ssh-option", f"-F {ssh_cluster.ssh_config_path}"),
+        cwd=weird_tmp)
+    assert table.returncode == 1, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:]}
     assert rows[ssh_cluster.names[0]].rstrip().endswith("ok")
     assert "FAIL: unreachable" in rows["npl-nowhere.invalid"]
@@ -146,11 +147,11 @@ def test_environment_reaches_remote_ranks_intact(ssh_cluster, weird_tmp: Path) -
                       "('FROM_FLAG', 'FROM_FILE', 'MS_FROM_PREFIX', 'NOT_FORWARDED')}))\n")
     (weird_tmp / ".npu_launch_env").write_text("# forwarded to every host\n"
                                                "FROM_FILE=it's \"quoted\"; echo pwned\n")
+    _job(ssh_cluster, weird_tmp)
     env = {**ssh_cluster.env, "MS_FROM_PREFIX": "a b", "NOT_FORWARDED": "local only"}
-    argv = _argv(ssh_cluster, weird_tmp, "mn-env", "--env", "FROM_FLAG=x; rm -rf /tmp/nothing $HOME",
+    args = _args(ssh_cluster, weird_tmp, "mn-env", "--env", "FROM_FLAG=x; rm -rf /tmp/nothing $HOME",
                  str(script))
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=weird_tmp,
-                            env=env)
+    result = run_on_node0(ssh_cluster, args, cwd=weird_tmp, env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines()
             if "ENV " in line]
@@ -164,10 +165,10 @@ def test_environment_reaches_remote_ranks_intact(ssh_cluster, weird_tmp: Path) -
 def test_dead_node_0_is_a_dropped_connection_and_agents_stop(ssh_cluster,
                                                             weird_tmp: Path) -> None:
     job = "mn-orphan"
-    proc = subprocess.Popen(_argv(ssh_cluster, weird_tmp, job, JOB, "--sleep-after-init", "3600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: initialised(weird_tmp / job, range(4)), "4 ranks initialised")
-    proc.kill()  # node 0 dies without a word: each agent only sees its connection end
+    script, _ = _job(ssh_cluster, weird_tmp)
+    proc = _start(ssh_cluster, weird_tmp, job, str(script), "--sleep-after-init", "3600")
+    _wait_initialised(ssh_cluster, weird_tmp, job)
+    proc.kill()  # SIGKILL to the launcher on node 0: each agent only sees its connection end
     proc.communicate(timeout=60)
-    wait_for(lambda: not job_pids(job), "agents to stop their ranks", 60)
-    _nothing_left_on_hosts(ssh_cluster, job)
+    wait_slowly(lambda: not job_pids(ssh_cluster, job), "agents to stop their ranks", 60)
+    assert_no_job_processes(ssh_cluster, job)

@@ -1,13 +1,16 @@
 """Values that reach a shell arrive as data, on every path that starts processes on hosts.
 
-Every launch below runs for real on the fake hosts (cluster.py) from a working directory, with
-script arguments, an ``--env`` value and a log directory full of what a shell acts on: ``;``,
-``$()``, backticks, both quotes, a newline and leading dashes. The rank script writes what it
-received; the test asserts it came byte for byte, and that no ``PWNED`` file appeared where an
-injected ``touch PWNED`` would have made one (the remote shells' start directories, the job's
-directories, the daemons'). One test per path: ssh (the remote user's shell runs the agent's
-command), Slurm's srun, OpenMPI's mpirun (its daemons start over ssh), and preflight (a probe
-per host over ssh). The hosts share this machine's file system, so the search covers them too.
+Every launch below runs for real on the fake hosts (cluster.py), started inside the first host
+from a working directory, with script arguments, an ``--env`` value and a log directory full of
+what a shell acts on: ``;``, ``$()``, backticks, both quotes, a newline and leading dashes. The
+test's directory is copied to every host first (each host's ``/tmp`` is its own). The rank
+script writes what it received on its own host; the test collects it from each host and asserts
+it came byte for byte, and that no ``PWNED`` file appeared where an injected ``touch PWNED``
+would have made one: in each host's own filesystem (its shells' start directories, all of its
+``/tmp``, the job's directories), searched from inside the host, and in the root namespace's
+(where munged and slurmctld run). One test per path: ssh (the remote user's shell runs the
+agent's command), Slurm's srun, OpenMPI's mpirun (its daemons start over ssh), and preflight
+(a probe per host over ssh).
 
 Host and user names cannot carry such values: the hostfile parser refuses them
 (tests/test_hostfile_bounds.py), and no such host could exist to test against.
@@ -21,13 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_no_job_processes, npu_launch_argv
-from launcher.backends import TransportOptions
-from launcher.backends.slurm import allocation_hosts
-from launcher.devices import DeviceKind
-from launcher.errors import ConfigError
-from launcher.hostfile import HostSelection, path_shown
-from launcher.preflight import run_preflight
+from helpers import REPO
+from launcher.hostfile import path_shown
+
+from .cluster import Cluster
+from .jobs import (assert_no_job_processes, mpi_launcher_args, run_on_node0, run_python_on,
+                   write_hostfile)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 
@@ -58,122 +60,178 @@ def hostile_dir(tmp_path: Path) -> Path:
     return path
 
 
-def _pwned(tmp_path: Path, *trees: Path) -> list[Path]:
-    """Every PWNED file where an injected ``touch PWNED`` would run: the shells' start
-    directories (home, /, /tmp), the directories of the launcher, test and daemons, and all of
-    the test's and cluster's trees."""
-    flat = [Path.home(), Path("/"), Path("/tmp"), Path.cwd(), REPO]
-    found = [d / "PWNED" for d in flat if (d / "PWNED").exists()]
-    for tree in (tmp_path, *trees):
-        found += [p for p in tree.rglob("*") if "PWNED" == p.name]
-    return found
+def _pwned(cluster: Cluster, tmp_path: Path) -> set[tuple[str, str]]:
+    """``(where, path)`` of every PWNED file where an injected ``touch PWNED`` would run.
+
+    On each host, searched from inside it: the shells' start directories (home, /), the
+    repository, all of the host's own /tmp (the test's directories are there) and the cluster's
+    work dir. In the root namespace: the same flat directories, the test's tree and the work dir.
+    """
+    flat = [str(Path.home()), "/", str(REPO)]
+    trees = ["/tmp", str(tmp_path), str(cluster.workdir)]
+    found = set()
+    for host in cluster.names:
+        answer = cluster.probe(host, "find", "PWNED", json.dumps(trees), json.dumps(flat))
+        assert answer["missing"] == [], f"{host} has no {answer['missing']}: the search saw nothing"
+        found |= {(host, p) for p in answer["found"]}
+    local = [Path(d) / "PWNED" for d in (*flat, "/tmp", Path.cwd()) if (Path(d) / "PWNED").exists()]
+    local += [p for tree in (tmp_path, cluster.workdir) for p in tree.rglob("PWNED")]
+    return found | {("root namespace", str(p)) for p in local}
 
 
-@pytest.fixture
-def no_pwned(tmp_path: Path):
-    """Fails the test if a PWNED file appears (one already there before is not this test's)."""
-    before = set(_pwned(tmp_path))
-    yield lambda *trees: sorted(set(_pwned(tmp_path, *trees)) - before)
+def _put_test_dir(cluster: Cluster, tmp_path: Path) -> None:
+    """The test's directory (working directory, hostfile, ``seen``) on every host."""
+    cluster.put(tmp_path)
 
 
-def _job_argv(hostile: Path, tmp_path: Path, job: str, *launcher: str) -> list[str]:
-    return npu_launch_argv(*launcher, "--device", "cpu", "--cards", "1", "--job-id", job,
-                           "--log-dir", str(hostile / f"logs -x; touch PWNED\n{job}"),
-                           "--kill-timeout", "3",
-                           "--env", f"QUOTING_VALUE={ENV_VALUE}",
-                           "--env", f"QUOTING_OUT={tmp_path / 'seen'}",
-                           str(hostile / "show.py"), *INJECTIONS)
+def _job_args(hostile: Path, tmp_path: Path, job: str, *launcher: str) -> list[str]:
+    return [*launcher, "--device", "cpu", "--cards", "1", "--job-id", job,
+            "--log-dir", str(hostile / f"logs -x; touch PWNED\n{job}"),
+            "--kill-timeout", "3",
+            "--env", f"QUOTING_VALUE={ENV_VALUE}",
+            "--env", f"QUOTING_OUT={tmp_path / 'seen'}",
+            str(hostile / "show.py"), *INJECTIONS]
 
 
-def _assert_arrived(tmp_path: Path, hostile: Path, hosts: list[str]) -> None:
-    seen = {int(p.stem.split("_")[1]): json.loads(p.read_text())
-            for p in (tmp_path / "seen").glob("rank_*.json")}
-    assert sorted(seen) == list(range(len(hosts))), seen
-    for rank, host in enumerate(hosts):
+def _assert_arrived(cluster: Cluster, tmp_path: Path, hostile: Path) -> None:
+    """Each rank's record, read where it ran: rank i on host i (one slot per host)."""
+    seen = {}
+    for host in cluster.names:
+        local = tmp_path / f"seen-on-{host}"
+        assert cluster.fetch(host, tmp_path / "seen", local), f"{host} has no {tmp_path / 'seen'}"
+        seen |= {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in local.glob("rank_*.json")}
+    assert sorted(seen) == list(range(len(cluster.names))), seen
+    for rank, host in enumerate(cluster.names):
         assert seen[rank] == {"argv": INJECTIONS, "env": ENV_VALUE, "cwd": str(hostile),
                               "host": host}, seen[rank]
 
 
-def _hostfile(tmp_path: Path, cluster, user: str = "") -> Path:
+def _hostfile(tmp_path: Path, cluster: Cluster, user: str = "") -> Path:
     """The cluster's hosts, one slot each; ``user`` logs in to the last (ssh only)."""
-    path = tmp_path / "hosts"
-    first, last = cluster.names
-    path.write_text(f"{first} slots=1\n{user + '@' if user else ''}{last} slots=1\n")
-    return path
+    return write_hostfile(tmp_path, cluster, slots=1, user_on_last=user)
 
 
-def _run(argv: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+def _run(cluster: Cluster, args: list[str], cwd: Path, prefix: tuple[str, ...] = ()
+         ) -> subprocess.CompletedProcess:
+    result = run_on_node0(cluster, args, cwd=cwd, prefix=prefix)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 
 
-def _assert_launched_as_data(argv: list[str], cluster, job: str, tmp_path: Path,
-                             hostile_dir: Path, no_pwned) -> None:
-    """Run the job from the hostile directory; everything arrived byte for byte on every host,
-    no PWNED anywhere, and nothing of the job is left running."""
-    _run(argv, hostile_dir, cluster.env)
-    _assert_arrived(tmp_path, hostile_dir, cluster.names)
-    assert no_pwned(cluster.workdir) == []
-    assert_no_job_processes(job)
+def _assert_launched_as_data(cluster: Cluster, args: list[str], job: str, tmp_path: Path,
+                             hostile_dir: Path, prefix: tuple[str, ...] = ()) -> None:
+    """Put the test's directory on every host, run the job from the hostile directory on the
+    first; everything arrived byte for byte on every host, no PWNED anywhere, and nothing of
+    the job is left running on any host."""
+    _put_test_dir(cluster, tmp_path)
+    before = _pwned(cluster, tmp_path)
+    _run(cluster, args, hostile_dir, prefix)
+    _assert_arrived(cluster, tmp_path, hostile_dir)
+    assert sorted(_pwned(cluster, tmp_path) - before) == []
+    assert_no_job_processes(cluster, job)
+
+
+def test_the_pwned_search_looks_inside_every_host(ssh_cluster, tmp_path: Path) -> None:
+    """The search the tests below rely on finds a PWNED file that only one host has."""
+    _put_test_dir(ssh_cluster, tmp_path)
+    before = _pwned(ssh_cluster, tmp_path)
+    a, b = ssh_cluster.names
+    planted = {(b, str(tmp_path / "PWNED")), (a, "/tmp/PWNED")}
+    for host, path in planted:
+        ssh_cluster.run_on(host, ["touch", path], check=True)
+    try:
+        assert _pwned(ssh_cluster, tmp_path) - before == planted
+    finally:
+        for host, path in planted:
+            ssh_cluster.run_on(host, ["rm", "-f", path], check=True)
+    assert _pwned(ssh_cluster, tmp_path) == before
 
 
 def test_ssh_passes_directory_arguments_and_env_as_data(ssh_cluster, tmp_path: Path,
-                                                        hostile_dir: Path, no_pwned) -> None:
-    argv = _job_argv(hostile_dir, tmp_path, "q-ssh", "--hostfile",
+                                                        hostile_dir: Path) -> None:
+    args = _job_args(hostile_dir, tmp_path, "q-ssh", "--hostfile",
                      str(_hostfile(tmp_path, ssh_cluster, user="root")),
                      "--ssh-option", f"-F {ssh_cluster.ssh_config_path}")
-    _assert_launched_as_data(argv, ssh_cluster, "q-ssh", tmp_path, hostile_dir, no_pwned)
+    _assert_launched_as_data(ssh_cluster, args, "q-ssh", tmp_path, hostile_dir)
 
 
 def test_srun_passes_directory_arguments_and_env_as_data(slurm_cluster, tmp_path: Path,
-                                                         hostile_dir: Path, no_pwned) -> None:
-    argv = ["salloc", "-N2", "--job-name=npl-quoting",
-            *_job_argv(hostile_dir, tmp_path, "q-srun", "--launcher", "slurm")]
-    _assert_launched_as_data(argv, slurm_cluster, "q-srun", tmp_path, hostile_dir, no_pwned)
+                                                         hostile_dir: Path) -> None:
+    args = _job_args(hostile_dir, tmp_path, "q-srun", "--launcher", "slurm")
+    _assert_launched_as_data(slurm_cluster, args, "q-srun", tmp_path, hostile_dir,
+                             prefix=("salloc", "-N2", "--job-name=npl-quoting"))
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
 def test_mpirun_passes_directory_arguments_and_env_as_data(ssh_cluster, tmp_path: Path,
-                                                           hostile_dir: Path, no_pwned) -> None:
-    subnet = f"{ssh_cluster.bridge_address.rsplit('.', 1)[0]}.0/24"
-    mca = (f"--mca plm_rsh_args '-F {ssh_cluster.ssh_config_path}' "
-           f"--mca oob_tcp_if_include {subnet} --mca btl_tcp_if_include {subnet}")
-    argv = _job_argv(hostile_dir, tmp_path, "q-mpi", "--launcher", "mpi",
-                     "--hostfile", str(_hostfile(tmp_path, ssh_cluster)), "--launcher-args", mca,
+                                                           hostile_dir: Path) -> None:
+    args = _job_args(hostile_dir, tmp_path, "q-mpi", "--launcher", "mpi",
+                     "--hostfile", str(_hostfile(tmp_path, ssh_cluster)),
+                     "--launcher-args", mpi_launcher_args(ssh_cluster),
                      "--ssh-option", f"-F {ssh_cluster.ssh_config_path}")
-    _assert_launched_as_data(argv, ssh_cluster, "q-mpi", tmp_path, hostile_dir, no_pwned)
+    _assert_launched_as_data(ssh_cluster, args, "q-mpi", tmp_path, hostile_dir)
 
 
 def test_preflight_probes_from_a_hostile_directory_as_data(ssh_cluster, tmp_path: Path,
-                                                           hostile_dir: Path, no_pwned) -> None:
+                                                           hostile_dir: Path) -> None:
     hostfile = _hostfile(tmp_path, ssh_cluster, user="root")
-    result = _run(npu_launch_argv("preflight", "--hostfile", str(hostfile),
-                                  "--ssh-option", f"-F {ssh_cluster.ssh_config_path}"),
-                  hostile_dir, ssh_cluster.env)
+    _put_test_dir(ssh_cluster, tmp_path)
+    before = _pwned(ssh_cluster, tmp_path)
+    result = _run(ssh_cluster, ["preflight", "--hostfile", str(hostfile),
+                                "--ssh-option", f"-F {ssh_cluster.ssh_config_path}"], hostile_dir)
     rows = result.stdout.splitlines()[1:]
     assert [row.split()[0] for row in rows] == ssh_cluster.names, result.stdout
     assert all(row.rstrip().endswith("ok") for row in rows), result.stdout
-    assert no_pwned(ssh_cluster.workdir) == []
+    assert sorted(_pwned(ssh_cluster, tmp_path) - before) == []
+
+
+_PREFLIGHT = """
+import json, sys
+from launcher.backends import TransportOptions
+from launcher.devices import DeviceKind
+from launcher.hostfile import HostSelection
+from launcher.preflight import run_preflight
+names, config, workdir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+hosts = [HostSelection(name, None, (0,)) for name in names]
+checks = run_preflight(hosts, TransportOptions(None, (f"-F {config}",)), workdir, DeviceKind.CPU, None)
+print(json.dumps([list(c.problems) for c in checks]))
+"""
 
 
 def test_preflight_names_a_working_directory_missing_on_a_host(ssh_cluster,
                                                                hostile_dir: Path) -> None:
-    """The remote ``cd`` fails: preflight says so, instead of blaming the Python."""
+    """The remote ``cd`` fails: preflight (run on the first host) says so, instead of blaming
+    the Python."""
     gone = str(hostile_dir / "gone; touch PWNED")
-    hosts = [HostSelection(name, None, (0,)) for name in ssh_cluster.names]
-    options = TransportOptions(None, (f"-F {ssh_cluster.ssh_config_path}",))
-    checks = run_preflight(hosts, options, gone, DeviceKind.CPU, None)
-    assert [c.problems for c in checks] == [(f"no directory {path_shown(gone)} there",)] * 2
+    res = run_python_on(ssh_cluster, ssh_cluster.names[0], _PREFLIGHT,
+                        json.dumps(ssh_cluster.names), str(ssh_cluster.ssh_config_path), gone)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout) == [[f"no directory {path_shown(gone)} there"]] * 2
+
+
+_ALLOCATION = """
+import sys
+from launcher.backends.slurm import allocation_hosts
+from launcher.errors import ConfigError
+import os
+try:
+    allocation_hosts({**os.environ, "SLURM_JOB_NODELIST": sys.argv[1]})
+except ConfigError as e:
+    sys.stdout.write(e.message)
+else:
+    sys.exit("no ConfigError")
+"""
 
 
 @pytest.mark.parametrize("nodelist", ["-oProxyCommand=x", "node`touch PWNED`", "n$(id)[1-2]",
                                       "a" * 300, "n[1-1025]"])
 def test_allocation_node_names_are_held_to_the_hostfile_rules(slurm_cluster,
                                                               nodelist: str) -> None:
-    """Slurm's node names reach srun's command line and log paths, as hostfile names do."""
-    with pytest.raises(ConfigError) as info:
-        allocation_hosts({**slurm_cluster.env, "SLURM_JOB_NODELIST": nodelist})
-    assert info.value.message.startswith("--launcher slurm: ")
-    assert "scontrol" not in info.value.message, "scontrol itself must not be confused"
-    assert "\n" not in info.value.message and len(info.value.message) < 400
+    """Slurm's node names reach srun's command line and log paths, as hostfile names do.
+    Checked where the launcher runs, on the first host, with its scontrol."""
+    res = run_python_on(slurm_cluster, slurm_cluster.names[0], _ALLOCATION, nodelist)
+    assert res.returncode == 0, res.stderr[-3000:]
+    message = res.stdout
+    assert message.startswith("--launcher slurm: ")
+    assert "scontrol" not in message, "scontrol itself must not be confused"
+    assert "\n" not in message and len(message) < 400
