@@ -83,6 +83,11 @@ def test_rank_killed_on_node_1_ends_the_job_everywhere(ssh_cluster, weird_tmp: P
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 137, err[-3000:]
     assert f"rank 3 on {ssh_cluster.names[1]} (pid {victim}) killed by SIGKILL" in err
+    # The agent's structured cause reaches node 0's summary.json whole.
+    summary = json.loads(ssh_cluster.read_text(ssh_cluster.names[0], weird_tmp / job / "summary.json"))
+    cause = summary["root_cause"]
+    assert (summary["outcome"], cause["outcome"], cause["process"], cause["rank"], cause["host"],
+            cause["pid"], cause["returncode"]) == ("failed", "failed", "rank", 3, host, victim, -9)
     assert_no_job_processes(ssh_cluster, job)
 
 
