@@ -14,22 +14,26 @@ node may then stop it) and, by its end, the order to stop.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from launcher import control, payload
+from launcher.checkpoints import MissingCheckpoint, place_for_resume
 from launcher.errors import LaunchError
 from launcher.config import ConsoleFilter
 from launcher.events import prepare_dirs
-from launcher.failures import JobResult
+from launcher.failures import Cause, JobResult, Outcome
 from launcher.limits import whole_number
 from launcher.output import Console
-from launcher.plan import LaunchPlan
+from launcher.payload import PayloadServer
+from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.stalls import Stall
 from launcher.supervisor import LocalRanks
 from launcher.watch import Watch
@@ -39,10 +43,30 @@ from parallel.contract import Event
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
-def payload_for(plan: LaunchPlan) -> bytes:
-    """What node 0 sends every agent: one JSON line."""
-    body = {"plan": plan.to_json()}
+def payload_for(plan: LaunchPlan, served: PayloadServer) -> bytes:
+    """What node 0 sends every agent: one JSON line, the plan and where to fetch more."""
+    body = {"plan": plan.to_json(), "server": {"address": served.address, "key": served.key}}
     return json.dumps(body).encode() + b"\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeZero:
+    """The launcher's server, as an agent reaches it (``launcher.payload``)."""
+
+    address: str
+    key: str
+
+    def fetch_replica(self, rank: int, path: str) -> None:
+        """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically."""
+        tmp = f"{path}.fetch.{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                payload.fetch_into(self.address, self.key, f"replica {rank}", f.write,
+                                   limit=1 << 62)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -55,9 +79,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     body = json.loads(_payload(args.plan))
     plan = LaunchPlan.from_json(body["plan"])
+    server = NodeZero(**body["server"])
     node_rank = args.node_rank if args.node_rank is not None else node_rank_from(os.environ)
     watch = args.stdin_control == "all" or (args.stdin_control == "node0" and node_rank == 0)
-    sys.exit(run_agent(plan, node_rank, watch))
+    sys.exit(run_agent(plan, node_rank, watch, server))
 
 
 def _payload(source: str) -> bytes:
@@ -118,11 +143,15 @@ class ControlReporter:
         self._console.write_line(b"", control.result_line(result))
 
 
-def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool) -> int:
+def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZero) -> int:
     specs = plan.on_node(node_rank)
     prepare_dirs(plan.log_dir, [path for spec in specs for path in spec.files])
     console = Console(sys.stdout.buffer)
     reporter = ControlReporter(console)
+    missing = _place_for_resume(plan, specs, server, console)
+    if missing is not None:
+        reporter.result(missing)
+        return missing.exit_code
     ranks = LocalRanks(plan, os.environ, node_rank, console, ConsoleFilter(), reporter)
     watch = Watch(plan, ranks, ranks.group())  # node 0 filters the console
     if watch_stdin:
@@ -130,6 +159,25 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool) -> int:
     result = watch.run()
     reporter.result(result)
     return result.exit_code
+
+
+def _place_for_resume(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: NodeZero,
+                      console: Console) -> Optional[JobResult]:
+    """On a restart, this node's ranks' files of the resume step, fetched from node 0 where
+    this host lacks them; the failed result when one cannot be had (nothing is started)."""
+    if plan.resume is None:
+        return None
+    host = specs[0].host if specs else "?"
+    ranks = [s.rank for s in specs if s.rank is not None]
+    try:
+        for note in place_for_resume(plan.resume, ranks, host, server.fetch_replica):
+            console.write_line(b"", f"resume: {note}".encode())  # node 0 shows it as [host:agent]
+    except (MissingCheckpoint, LaunchError, OSError) as e:
+        message = f"npu-launch: job {plan.job_id} failed before restart {plan.restart}: {e}"
+        rank = e.rank if isinstance(e, MissingCheckpoint) else None
+        return JobResult(Outcome.FAILED, 1, message, time.time(),
+                         Cause(Outcome.FAILED, "rank", rank, host, time=time.time()))
+    return None
 
 
 def _follow_stdin(ranks: LocalRanks, watch: Watch) -> None:

@@ -8,7 +8,6 @@ one ``Attempt`` per try carries the ranks' events to the monitor.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -25,6 +24,7 @@ from launcher.backends import Backend, LauncherKind, TransportOptions, choose_ki
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh import SshBackend
+from launcher.checkpoints import CheckpointLedger
 from launcher.cluster import run_agents
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
@@ -78,10 +78,14 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     monitor = _monitor(job, out, err)
     behind = FallingBehind(monitor.rank_states, config.hang_timeout) \
         if config.hang_timeout > 0 else None
+    ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated)
     result: Optional[JobResult] = None
     try:
-        result = run_with_restarts(job, config, environ, Console(out.buffer), monitor, err,
-                                   behind)
+        result = run_with_restarts(job, config, environ, Console(out.buffer),
+                                   Attempts(monitor, ledger, behind), err)
+        note = monitor.checkpoint_note()
+        if note is not None:
+            result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
         return result
     finally:
         stall = behind.first if behind else None
@@ -93,14 +97,13 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
 
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
-                      console: Console, monitor: JobMonitor, err: TextIO,
-                      behind: Optional[FallingBehind] = None) -> JobResult:
+                      console: Console, attempts: "Attempts", err: TextIO) -> JobResult:
     """Run the job; after a failure that came once every rank had started (not an import
     error or a bad argument, which would fail again), start it anew up to ``--max-restarts``
-    times. The ranks see the attempt in ``NPU_LAUNCH_RESTART``; the trainer resumes from its
-    checkpoints."""
+    times. The ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger
+    knows complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it."""
     while True:
-        attempt = Attempt(monitor, behind)
+        attempt = attempts.begin()
         result = run_job(job, config, environ, console, attempt)
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
         again = job.plan.restart + 1
@@ -109,17 +112,33 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
         err.write(f"npu-launch: restart {again} of {config.max_restarts} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
-        job = dataclasses.replace(job, plan=job.plan.restarted(again))
+        job = dataclasses.replace(job, plan=job.plan.restarted(again,
+                                                               attempts.ledger.resume_point()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempts:
+    """What outlives one attempt of the job: the monitor, the checkpoint ledger, the
+    fall-behind check."""
+
+    monitor: JobMonitor
+    ledger: CheckpointLedger
+    behind: Optional[FallingBehind] = None
+
+    def begin(self) -> "Attempt":
+        return Attempt(self.monitor, self.behind, self.ledger)
 
 
 class Attempt:
     """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
-    monitor, which ranks initialised is remembered, and ``tick`` redraws the display and says
-    whether a rank fell behind."""
+    monitor and checkpoint events to the ledger, which ranks initialised is remembered, and
+    ``tick`` redraws the display and says whether a rank fell behind."""
 
-    def __init__(self, monitor: JobMonitor, behind: Optional[FallingBehind] = None) -> None:
+    def __init__(self, monitor: JobMonitor, behind: Optional[FallingBehind] = None,
+                 ledger: Optional[CheckpointLedger] = None) -> None:
         self.monitor = monitor
         self.behind = behind
+        self.ledger = ledger
         self.initialised: set[int] = set()
         monitor.begin_attempt()
         if behind is not None:
@@ -128,6 +147,8 @@ class Attempt:
     def event(self, event: Event) -> None:
         if event.kind == contract.EVENT_INITIALISED:
             self.initialised.add(event.rank)
+        elif event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
+            self.ledger.record(event)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -176,10 +197,10 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         _write_plan(plan)
         return run_local(plan, environ, job.node_rank, console, config.console, attempt)
     prepare_dirs(plan.log_dir)
-    payload = payload_for(plan)
-    with contextlib.ExitStack() as stack:
-        served = stack.enter_context(serving(payload, plan.master_addr)) \
-            if job.backend.serves_payload else None
+    replicas = plan.resume.replicas if plan.resume else {}
+    with serving(b"", plan.master_addr, replicas, attempt.monitor.on_transfer) as served:
+        payload = payload_for(plan, served)
+        served.payload = payload
         agents = job.backend.agent_launches(plan, payload, served)
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
@@ -334,6 +355,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
         assignments=table.assignments if table else None, rank_table_path=table_path,
         world_size=world, agents=agents, token=secrets.token_hex(16),
+        replicated=not parallel.needs_ascend,
     )
     return build_plan(config, inputs)
 

@@ -127,6 +127,8 @@ class JobState:
     def __init__(self, ranks: Mapping[int, str]) -> None:
         self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
         self.checkpoints: list[dict[str, Any]] = []
+        self.transferred: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        """Checkpoint files node 0 sent to hosts that lacked them, for a resume."""
 
     def apply(self, event: Event, seen_at: float) -> None:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
@@ -146,11 +148,21 @@ class JobState:
         """The per-rank and job-wide fields of summary.json."""
         rates = [s.samples_per_s for s in self.ranks.values() if s.samples_per_s is not None]
         steps = [s.step for s in self.ranks.values() if s.step is not None]
+        complete = self.complete_steps()
         return {"world_size": len(self.ranks),
                 "global_samples_per_s": sum(rates) if rates else None,
                 "last_step": max(steps, default=None),
                 "ranks": [s.to_summary() for s in self.ranks.values()],
-                "checkpoints": list(self.checkpoints)}
+                "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
+                "complete_steps": complete, "checkpoints_sent": dict(self.transferred)}
+
+    def complete_steps(self) -> list[int]:
+        """Steps every rank of the job reported a checkpoint of (on whatever host)."""
+        ranks: dict[Any, set[int]] = {}
+        for c in self.checkpoints:
+            ranks.setdefault(c["step"], set()).add(c["rank"])
+        return sorted(step for step, who in ranks.items()
+                      if step is not None and who >= set(self.ranks))
 
     def _rank(self, rank: int, host: str) -> RankState:
         if rank not in self.ranks:
@@ -173,8 +185,8 @@ def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> N
 
 
 def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    job.checkpoints.append({"rank": state.rank, "step": event.step, "path": event.path,
-                            "time": state.last_event_time})
+    job.checkpoints.append({"rank": state.rank, "step": event.step, "host": event.host,
+                            "path": event.path, "time": state.last_event_time})
 
 
 def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
@@ -408,6 +420,24 @@ class JobMonitor:
                 state.progress_at = state.stepped_at = None
                 state.finished = state.exited = False
                 state.exit_code = None
+
+    def on_transfer(self, size: int, seconds: float) -> None:
+        """Node 0 sent ``size`` bytes of checkpoint to a node that lacked them (any thread)."""
+        with self._lock:
+            moved = self._state.transferred
+            moved["files"] += 1
+            moved["bytes"] += size
+            moved["seconds"] += seconds
+
+    def checkpoint_note(self) -> Optional[str]:
+        """A line for a job that wrote checkpoints but completed none, else None."""
+        with self._lock:
+            written = sorted({c["step"] for c in self._state.checkpoints if c["step"] is not None})
+            if not written or self._state.complete_steps():
+                return None
+        shown = ", ".join(map(str, written[-5:]))
+        return (f"npu-launch: checkpoints were written (step {shown}) but no step by every rank: "
+                "none is complete to resume from")
 
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.FallingBehind``)."""

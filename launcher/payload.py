@@ -1,12 +1,14 @@
-"""How srun and mpirun agents get the plan on hosts that share no storage: from the launcher.
+"""What agents fetch from the launcher: the plan (srun, mpirun) and checkpoint replicas.
 
 ssh feeds each agent its plan on stdin. srun and mpirun start every agent with one command
 line, so for the job's life the launcher serves the payload on a TCP port of its own host, on
 the interface that reaches node 0 (``PayloadServer``). Each agent connects (``fetch``), proves
-it belongs to this launch with a key the launcher put in its environment (``contract.
-PAYLOAD_KEY``: an environment, unlike a command line, is private to its owner; srun passes it
-on by default, mpirun with ``-x``), and reads the payload. A wrong key, or a client that says
-nothing for a few seconds, is disconnected with nothing sent.
+it belongs to this launch with a key (in its environment for srun and mpirun: an environment,
+unlike a command line, is private to its owner; srun passes it on by default, mpirun with
+``-x``; in the payload for ssh), and asks for the plan, or, on a restart, for the replica that
+stands in for a rank whose checkpoint file its host lacks (``launcher.checkpoints``). A wrong
+key, a bad request, or a client that says nothing for a few seconds is disconnected with
+nothing sent. One request per connection: ``<key> plan`` or ``<key> replica <rank>``.
 """
 from __future__ import annotations
 
@@ -16,23 +18,29 @@ import secrets
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator, Mapping
 
 from launcher.errors import LaunchError
 
 SCHEME = "tcp://"
 _HELLO_TIMEOUT = 5.0
+_MAX_REQUEST = 200
 _CONNECT_TIMEOUT = 60.0
 MAX_PAYLOAD_BYTES = 1 << 30
 """A plan larger than this is not a plan."""
 
 
 class PayloadServer:
-    """Serves ``payload`` to every client that sends ``key``, until ``close``."""
+    """Serves ``payload``, and the files of ``replicas`` (rank -> path), to every client that
+    sends ``key``, until ``close``."""
 
-    def __init__(self, payload: bytes, toward: str) -> None:
+    def __init__(self, payload: bytes, toward: str, replicas: Mapping[int, str] = {},
+                 on_sent: Callable[[int, float], None] = lambda size, seconds: None) -> None:
         self.key = secrets.token_hex(16)
-        self._payload = payload
+        self.payload = payload
+        """What ``plan`` requests get; may be set once the server's address is known."""
+        self._on_sent = on_sent
+        self._replicas = dict(replicas)
         host = _address_toward(toward)
         self._sock = socket.create_server((host or "0.0.0.0", 0))
         self._sock.settimeout(0.2)
@@ -61,41 +69,73 @@ class PayloadServer:
         with conn:
             conn.settimeout(_HELLO_TIMEOUT)
             try:
-                said = _read_line(conn, len(self.key) + 1)
-                if hmac.compare_digest(said, self.key.encode()):
-                    conn.sendall(self._payload)
+                key, _, request = _read_line(conn, _MAX_REQUEST).partition(b" ")
+                if hmac.compare_digest(key, self.key.encode()):
+                    self._send(conn, request.decode("ascii", "replace").split())
             except OSError:
                 pass
 
+    def _send(self, conn: socket.socket, request: list[str]) -> None:
+        if request == ["plan"]:
+            conn.sendall(self.payload)
+        elif len(request) == 2 and request[0] == "replica" and request[1].isdigit() \
+                and int(request[1]) in self._replicas:
+            started = time.monotonic()
+            with open(self._replicas[int(request[1])], "rb") as f:
+                size = conn.sendfile(f)
+            self._on_sent(size, time.monotonic() - started)
+
 
 @contextlib.contextmanager
-def serving(payload: bytes, toward: str) -> Iterator[PayloadServer]:
-    server = PayloadServer(payload, toward)
+def serving(payload: bytes, toward: str, replicas: Mapping[int, str] = {},
+            on_sent: Callable[[int, float], None] = lambda size, seconds: None
+            ) -> Iterator[PayloadServer]:
+    """A ``PayloadServer`` for the ``with`` block; ``on_sent(bytes, seconds)`` after each
+    replica it sent."""
+    server = PayloadServer(payload, toward, replicas, on_sent)
     try:
         yield server
     finally:
         server.close()
 
 
-def fetch(address: str, key: str, timeout: float = _CONNECT_TIMEOUT) -> bytes:
-    """The payload served at ``address`` (``tcp://host:port``); ``LaunchError`` when it cannot
-    be had within ``timeout`` (the launcher is gone, or the key is wrong)."""
+def fetch(address: str, key: str, request: str = "plan", timeout: float = _CONNECT_TIMEOUT,
+          limit: int = MAX_PAYLOAD_BYTES) -> bytes:
+    """What the launcher at ``address`` (``tcp://host:port``) serves for ``request`` (``plan``,
+    ``replica <rank>``), at most ``limit`` bytes; ``LaunchError`` when it cannot be had within
+    ``timeout`` (the launcher is gone, the key is wrong, it has no such thing)."""
+    parts: list[bytes] = []
+    fetch_into(address, key, request, parts.append, timeout, limit)
+    return b"".join(parts)
+
+
+def fetch_into(address: str, key: str, request: str, sink: Callable[[bytes], object],
+               timeout: float = _CONNECT_TIMEOUT, limit: int = MAX_PAYLOAD_BYTES) -> int:
+    """``fetch``, handing the bytes to ``sink`` as they come (a file: a replica may be larger
+    than memory); returns how many came."""
     host, _, port = address.removeprefix(SCHEME).rpartition(":")
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=_HELLO_TIMEOUT) as conn:
-                conn.sendall(key.encode() + b"\n")
-                conn.settimeout(timeout)
-                data = _read_all(conn)
-            if data:
-                return data
-            raise LaunchError(f"the launcher at {address} sent no plan (a wrong key?)")
+            conn = socket.create_connection((host, int(port)), timeout=_HELLO_TIMEOUT)
         except (OSError, ValueError) as e:
             if time.monotonic() > deadline:
-                raise LaunchError(f"cannot fetch the plan from the launcher at {address}: "
+                raise LaunchError(f"cannot fetch {request!r} from the launcher at {address}: "
                                   f"{e}") from None
             time.sleep(0.2)
+            continue
+        with conn:
+            try:
+                conn.sendall(f"{key} {request}\n".encode())
+                conn.settimeout(timeout)
+                size = _read_all(conn, sink, limit)
+            except OSError as e:
+                raise LaunchError(f"fetching {request!r} from the launcher at {address}: "
+                                  f"{e}") from None
+        if size:
+            return size
+        raise LaunchError(f"the launcher at {address} sent nothing for {request!r} "
+                          "(a wrong key, or nothing to send)")
 
 
 def _read_line(conn: socket.socket, limit: int) -> bytes:
@@ -108,14 +148,14 @@ def _read_line(conn: socket.socket, limit: int) -> bytes:
     return data.rstrip(b"\n")
 
 
-def _read_all(conn: socket.socket) -> bytes:
-    parts, size = [], 0
+def _read_all(conn: socket.socket, sink: Callable[[bytes], object], limit: int) -> int:
+    size = 0
     while chunk := conn.recv(1 << 20):
         size += len(chunk)
-        if size > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"more than {MAX_PAYLOAD_BYTES} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
+        if size > limit:
+            raise LaunchError(f"the launcher sent more than {limit} bytes")
+        sink(chunk)
+    return size
 
 
 def _address_toward(peer: str) -> str:

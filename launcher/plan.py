@@ -13,6 +13,7 @@ import shlex
 from typing import Any, Mapping, Optional, Sequence
 
 from parallel import contract
+from launcher.checkpoints import ResumePoint
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
 
@@ -125,12 +126,24 @@ class LaunchPlan:
     restart: int = 0
     """Which restart of the job this is (``--max-restarts``); ranks see it as
     ``contract.RESTART``."""
+    replicated: bool = True
+    """Every rank holds the whole model (pure data parallelism): one rank's checkpoint can
+    stand in for another's."""
+    resume: Optional[ResumePoint] = None
+    """The complete step a restart resumes from (node 0's ledger); ranks see its step as
+    ``contract.RESUME_STEP``, and every node puts the manifest beside its ranks' files."""
 
-    def restarted(self, attempt: int) -> "LaunchPlan":
-        """This job again, as its ``attempt``-th restart."""
+    def restarted(self, attempt: int, resume: Optional[ResumePoint] = None) -> "LaunchPlan":
+        """This job again, as its ``attempt``-th restart, resuming from ``resume``."""
+        told = {contract.RESTART: str(attempt)}
+        if resume is not None:
+            told[contract.RESUME_STEP] = str(resume.step)
+
         def again(spec: ProcessSpec) -> ProcessSpec:
-            return dataclasses.replace(spec, env={**spec.env, contract.RESTART: str(attempt)})
-        return dataclasses.replace(self, restart=attempt, ranks=tuple(map(again, self.ranks)),
+            env = {k: v for k, v in spec.env.items() if k != contract.RESUME_STEP}
+            return dataclasses.replace(spec, env={**env, **told})
+        return dataclasses.replace(self, restart=attempt, resume=resume,
+                                   ranks=tuple(map(again, self.ranks)),
                                    scheduler=again(self.scheduler) if self.scheduler else None)
 
     @property
@@ -152,6 +165,7 @@ class LaunchPlan:
         data["scheduler"] = _spec_from_dict(data["scheduler"]) if data["scheduler"] else None
         data["ranks"] = tuple(_spec_from_dict(r) for r in data["ranks"])
         data["timeouts"] = Timeouts(**data.get("timeouts", {}))
+        data["resume"] = ResumePoint.from_dict(data["resume"]) if data.get("resume") else None
         return cls(**data)
 
     def render(self) -> str:
@@ -204,6 +218,8 @@ class PlanInputs:
     """Names already set in the environment the ranks inherit: the plan's defaults yield to them."""
     token: str = ""
     """This launch's secret; every process carries it (``contract.TOKEN``)."""
+    replicated: bool = True
+    """The layout is pure data parallelism (``LaunchPlan.replicated``)."""
 
 
 def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
@@ -218,7 +234,7 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       nnodes=len(inputs.nodes), scheduler=scheduler, ranks=ranks,
                       workdir=os.path.abspath(config.workdir or "."),
                       foreground=len(ranks) == 1 and len(inputs.nodes) == 1
-                      and not inputs.agents, token=inputs.token,
+                      and not inputs.agents, token=inputs.token, replicated=inputs.replicated,
                       timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
                                         config.hang_timeout))
 

@@ -11,8 +11,8 @@ Every file is written under a temporary name in the same directory, fsynced, the
 old file or the new one. A step without a manifest is not a checkpoint: resuming only ever
 considers complete steps.
 
-The manifest and retention functions need no MindSpore (the launcher can call them); saving and
-loading import it when they run.
+The manifest's types live in ``parallel.manifest`` (no MindSpore: the launcher reads and writes
+them too); saving and loading import MindSpore when they run.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-PathLike = Union[str, "os.PathLike[str]"]
-MANIFEST = "manifest.json"
+from parallel.manifest import (MANIFEST, DataPosition, Manifest, PathLike, RankFile,  # noqa: F401
+                               sha256_file)  # (re-exported: the trainer and tests use them here)
+
 EXTRA_PREFIX = "npu_launch."
 """Names of the non-parameter entries in a rank file (loss scale, data position)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_CHUNK = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -41,78 +41,6 @@ class CheckpointError(RuntimeError):
 
 class ReplicaMismatchError(RuntimeError):
     """Data-parallel replicas whose trainable parameters differ."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DataPosition:
-    """Where training stands: the epoch, batches of it consumed, optimizer steps taken."""
-
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    global_step: int = 0
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DataPosition":
-        """Read the three integer fields from a JSON object."""
-        return cls(int(data["epoch"]), int(data["batch_in_epoch"]), int(data["global_step"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class RankFile:
-    """One rank's checkpoint file as the manifest records it (``name`` relative to the step dir)."""
-
-    rank: int
-    name: str
-    size: int
-    sha256: str
-    position: DataPosition
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RankFile":
-        """Inverse of :meth:`to_dict`."""
-        return cls(int(data["rank"]), str(data["name"]), int(data["size"]), str(data["sha256"]),
-                   DataPosition.from_dict(data["position"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    """A complete checkpoint: every rank's file for ``step``, with checksums."""
-
-    step: int
-    world_size: int
-    position: DataPosition
-    files: tuple[RankFile, ...]
-    created: float
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the data position is in."""
-        return self.position.epoch
-
-    def file_for(self, rank: int) -> RankFile:
-        """The entry of ``rank``."""
-        return self.files[rank]
-
-    def to_json(self) -> str:
-        """The manifest file's content."""
-        return json.dumps({"step": self.step, "epoch": self.epoch, "world_size": self.world_size,
-                           "position": dataclasses.asdict(self.position),
-                           "files": [f.to_dict() for f in self.files], "created": self.created},
-                          indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Manifest":
-        """Parse a manifest file; raises ``KeyError``/``ValueError`` on a malformed one."""
-        data = json.loads(text)
-        files = tuple(RankFile.from_dict(f) for f in data["files"])
-        if [f.rank for f in files] != list(range(int(data["world_size"]))):
-            raise ValueError("manifest files do not list ranks 0..world_size-1 in order")
-        return cls(int(data["step"]), int(data["world_size"]),
-                   DataPosition.from_dict(data["position"]), files, float(data["created"]))
 
 
 # Paths -------------------------------------------------------------------------------------------
@@ -192,15 +120,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: PathLike) -> str:
-    """Hex sha256 of a file's content."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _remove_stale_temps(directory: Path, stem: str) -> None:

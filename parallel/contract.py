@@ -52,6 +52,8 @@ MASTER_PORT = "MASTER_PORT"
 # npu-launch's own.
 JOB_ID = "NPU_LAUNCH_JOB_ID"
 """The job's name, as the user sees it (logs, events). Another launch may carry the same one."""
+RESUME_STEP = "NPU_LAUNCH_RESUME_STEP"
+"""Set on a restart of a multi-node job: the complete step the trainer resumes from."""
 PAYLOAD_KEY = "NPU_LAUNCH_PAYLOAD_KEY"
 """srun/mpirun agents only: the key that gets the plan from the launcher (``launcher.payload``)."""
 TOKEN = "NPU_LAUNCH_TOKEN"
@@ -128,6 +130,8 @@ EVENT_EVAL = "eval"
 """The trainer's held-out evaluation: ``epoch`` (epochs completed), ``step``, ``loss``,
 ``accuracy`` (null without class labels) and ``samples``."""
 EVENT_CHECKPOINT = "checkpoint"
+"""A rank's file of a step is in place: ``step``, ``path`` (absolute, on the rank's host),
+``name``, ``size``, ``sha256``, ``position`` (the data position) and ``world_size``."""
 EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
 EVENT_EXITED = "exited"
@@ -184,12 +188,13 @@ class Event:
     @classmethod
     def parse(cls, record: Mapping[str, Any]) -> "Optional[Event]":
         """The event in ``record``; None when it names no kind or no rank."""
-        kind, rank = record.get("event"), _whole(record.get("rank"))
+        get = record.get
+        kind, rank = get("event"), _whole(get("rank"))
         if not isinstance(kind, str) or rank is None:
             return None
-        typed: dict[str, Any] = {name: read(record.get(name)) for name, read in _FIELDS.items()}
-        return cls(kind=kind, rank=rank, host=_text(record.get("host")) or "?",
-                   record=dict(record), **typed)
+        typed: dict[str, Any] = {name: read(value) for name, read in _FIELDS.items()
+                                 if (value := get(name)) is not None}
+        return cls(kind=kind, rank=rank, host=_text(get("host")) or "?", record=record, **typed)
 
     @classmethod
     def exited(cls, rank: int, host: str, returncode: Optional[int], time: float) -> "Event":

@@ -317,7 +317,7 @@ class Trainer:
 
     def _resume(self) -> None:
         ckpt_dir = self._ckpt_dir()
-        manifest = checkpoint.latest_complete(ckpt_dir)
+        manifest = self._launcher_resume_point(ckpt_dir) or checkpoint.latest_complete(ckpt_dir)
         if manifest is None:
             log.info("resume=auto: no complete checkpoint in %s, starting fresh", ckpt_dir)
             return
@@ -326,6 +326,20 @@ class Trainer:
                 f"{checkpoint.step_dir(ckpt_dir, manifest.step)}: saved by "
                 f"{manifest.world_size} ranks, this run has {self.world_size}")
         self.load(manifest)
+
+    def _launcher_resume_point(self, ckpt_dir: Union[str, Path]) -> Optional[checkpoint.Manifest]:
+        """The step npu-launch's restart resumes from (``contract.RESUME_STEP``): complete across
+        the job even where this host's directory alone cannot show it (the launcher put the
+        manifest beside this rank's file before it started)."""
+        text = os.environ.get(contract.RESUME_STEP, "").strip()
+        if not text:
+            return None
+        manifest = checkpoint.read_manifest(ckpt_dir, int(text))
+        if manifest is None:
+            raise checkpoint.CheckpointError(
+                f"{checkpoint.step_dir(ckpt_dir, int(text))}: npu-launch resumes from step {text}, "
+                f"but this rank finds no manifest there (is ckpt_dir the one the job wrote?)")
+        return manifest
 
     def load(self, manifest: checkpoint.Manifest) -> None:
         """Restore network, optimizer state, loss scale and data position from ``manifest``."""
@@ -543,9 +557,11 @@ class Trainer:
         self._check_replicas(force=True)  # also the barrier before rank 0 looks for all files
         self._pending_manifests.add(step)
         self._complete_pending()
-        path = str(checkpoint.step_dir(self.options.ckpt_dir, step) / entry.name)
+        path = os.path.abspath(checkpoint.step_dir(self.options.ckpt_dir, step) / entry.name)
         self.last_checkpoint = path
-        events.emit(contract.EVENT_CHECKPOINT, step=step, path=path)
+        events.emit(contract.EVENT_CHECKPOINT, step=step, path=path, name=entry.name,
+                    size=entry.size, sha256=entry.sha256,
+                    position=dataclasses.asdict(entry.position), world_size=self.world_size)
         for callback in self.callbacks:
             callback.on_checkpoint(step, path)
         run.meter.pause_since(started)

@@ -133,10 +133,31 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
                           "last_event_time": 1002.0}
     assert summary["global_samples_per_s"] == pytest.approx(60 + 61 + 62 + 53)
     assert summary["last_step"] == 20 and summary["world_size"] == 4
-    assert summary["checkpoints"] == [
-        {"rank": 0, "step": 10, "path": "/ckpt/step_10/rank_0.ckpt", "time": 1003.0},
-        {"rank": 1, "step": 10, "path": "/ckpt/step_10/rank_1.ckpt", "time": 1003.1}]
+    assert summary["checkpoints"] == [  # ranks 2 and 3 never reported step 10: not complete
+        {"rank": 0, "step": 10, "host": "node-a", "path": "/ckpt/step_10/rank_0.ckpt",
+         "time": 1003.0, "complete": False},
+        {"rank": 1, "step": 10, "host": "node-a", "path": "/ckpt/step_10/rank_1.ckpt",
+         "time": 1003.1, "complete": False}]
+    assert summary["complete_steps"] == []
     assert summary["stall"] is None
+
+
+def test_a_step_is_complete_once_every_rank_on_any_host_reported_it(weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock())
+    for step_ in (5, 10):
+        for rank in HOSTS if step_ == 5 else (0, 2):
+            feed(monitor, record("checkpoint", rank, 1.0, step=step_, path=f"/c/{step_}/{rank}"))
+    assert monitor.checkpoint_note() is None  # step 5 is complete
+    summary = monitor.close("succeeded", 0)
+    assert summary["complete_steps"] == [5]
+    assert [(c["step"], c["host"], c["complete"]) for c in summary["checkpoints"]][-2:] == [
+        (10, "node-a", False), (10, "node b", False)]
+
+    none_complete = make_monitor(weird_tmp / "b", FakeClock())
+    feed(none_complete, record("checkpoint", 1, 1.0, step=7, path="/c/7/1"))
+    assert none_complete.checkpoint_note() == (
+        "npu-launch: checkpoints were written (step 7) but no step by every rank: none is "
+        "complete to resume from")
 
 
 def test_missing_and_odd_fields_are_tolerated(weird_tmp: Path) -> None:
@@ -509,8 +530,9 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
     assert rank3["exec_mode"] == "pynative"
     assert rank3["evals"] == [{"epoch": 1, "step": 3, "loss": 0.5, "accuracy": 0.875, "samples": 8,
                                "time": written[-3]["time"]}]
-    assert summary["checkpoints"] == [{"rank": 3, "step": 3, "path": "/ckpt/step_3/rank_3.ckpt",
-                                       "time": written[-2]["time"]}]
+    assert summary["checkpoints"] == [{"rank": 3, "step": 3, "host": "node b",
+                                       "path": "/ckpt/step_3/rank_3.ckpt",
+                                       "time": written[-2]["time"], "complete": False}]
 
 
 def test_live_table_shows_the_ranks_furthest_behind_when_there_are_many(weird_tmp: Path) -> None:

@@ -42,12 +42,12 @@ def test_the_key_gets_the_payload_and_every_agent_may_ask() -> None:
 
 def test_a_wrong_key_gets_nothing_and_is_told_in_one_line() -> None:
     with serving(PAYLOAD, "127.0.0.1") as server:
-        with pytest.raises(LaunchError, match=r"sent no plan \(a wrong key\?\)"):
+        with pytest.raises(LaunchError, match=r"sent nothing for 'plan' \(a wrong key"):
             fetch(server.address, "0" * 32)
         with pytest.raises(LaunchError):
             fetch(server.address, server.key[:-1])  # a prefix of the key is not the key
         with socket.create_connection(("127.0.0.1", _port(server.address))) as conn:
-            conn.sendall(server.key.encode() + b"tail\n")  # the key and more is not the key
+            conn.sendall(server.key.encode() + b"tail plan\n")  # the key and more is not the key
             assert _nothing_comes(conn)
 
 
@@ -63,6 +63,6 @@ def test_no_launcher_is_one_line_after_the_timeout() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
-        with pytest.raises(LaunchError, match=f"cannot fetch the plan from the launcher at "
+        with pytest.raises(LaunchError, match=f"cannot fetch 'plan' from the launcher at "
                                               f"{SCHEME}127.0.0.1:{port}"):
             fetch(f"{SCHEME}127.0.0.1:{port}", "k", timeout=0.5)

@@ -1,10 +1,12 @@
 """scripts/train_digits.py with a fault injected, for the resume and replica tests.
 
 --kill-at-step N: in the job's first attempt, rank 1 SIGKILLs itself after step N.
+--wipe-checkpoints: ... having first deleted its host's checkpoint directory (a wiped host).
 --perturb-rank R: rank R nudges one weight before training (a diverged replica).
 """
 import argparse
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -20,11 +22,14 @@ from parallel.trainer import Callback  # noqa: E402
 
 
 class KillAtStep(Callback):
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, wipe: bool) -> None:
         self.step = step
+        self.wipe = wipe
 
     def on_step_end(self, info):  # type: ignore[no-untyped-def]
         if info.global_step == self.step:
+            if self.wipe:
+                shutil.rmtree(Path(os.environ[contract.LOG_DIR]) / "checkpoints")
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -37,12 +42,13 @@ class Perturb(Callback):
 parser = argparse.ArgumentParser()
 parser.add_argument("--kill-at-step", type=int, default=-1)
 parser.add_argument("--perturb-rank", type=int, default=-1)
+parser.add_argument("--wipe-checkpoints", action="store_true")
 ours, rest = parser.parse_known_args()
 rank = int(os.environ[contract.RANK_ID])
 first_attempt = os.environ.get(contract.RESTART, "0") == "0"
 callbacks = []
 if rank == 1 and first_attempt and ours.kill_at_step >= 0:
-    callbacks.append(KillAtStep(ours.kill_at_step))
+    callbacks.append(KillAtStep(ours.kill_at_step, ours.wipe_checkpoints))
 if rank == ours.perturb_rank:
     callbacks.append(Perturb())
 train_digits.main(rest, callbacks)

@@ -1,0 +1,98 @@
+"""What a complete checkpoint is, as plain data: the manifest and its entries.
+
+Both sides read these: the trainer writes and loads manifests (``parallel.checkpoint``), and
+node 0's launcher builds the job-wide one from the ranks' checkpoint events
+(``launcher.checkpoints``). Standard library only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Mapping, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DataPosition:
+    """Where training stands: the epoch, batches of it consumed, optimizer steps taken."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    global_step: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DataPosition":
+        """Read the three integer fields from a JSON object."""
+        return cls(int(data["epoch"]), int(data["batch_in_epoch"]), int(data["global_step"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFile:
+    """One rank's checkpoint file as the manifest records it (``name`` relative to the step dir)."""
+
+    rank: int
+    name: str
+    size: int
+    sha256: str
+    position: DataPosition
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RankFile":
+        """Inverse of :meth:`to_dict`."""
+        return cls(int(data["rank"]), str(data["name"]), int(data["size"]), str(data["sha256"]),
+                   DataPosition.from_dict(data["position"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A complete checkpoint: every rank's file for ``step``, with checksums."""
+
+    step: int
+    world_size: int
+    position: DataPosition
+    files: tuple[RankFile, ...]
+    created: float
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the data position is in."""
+        return self.position.epoch
+
+    def file_for(self, rank: int) -> RankFile:
+        """The entry of ``rank``."""
+        return self.files[rank]
+
+    def to_json(self) -> str:
+        """The manifest file's content."""
+        return json.dumps({"step": self.step, "epoch": self.epoch, "world_size": self.world_size,
+                           "position": dataclasses.asdict(self.position),
+                           "files": [f.to_dict() for f in self.files], "created": self.created},
+                          indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        """Parse a manifest file; raises ``KeyError``/``ValueError`` on a malformed one."""
+        data = json.loads(text)
+        files = tuple(RankFile.from_dict(f) for f in data["files"])
+        if [f.rank for f in files] != list(range(int(data["world_size"]))):
+            raise ValueError("manifest files do not list ranks 0..world_size-1 in order")
+        return cls(int(data["step"]), int(data["world_size"]),
+                   DataPosition.from_dict(data["position"]), files, float(data["created"]))
+
+
+def sha256_file(path: PathLike) -> str:
+    """Hex sha256 of a file's content."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
