@@ -5,11 +5,15 @@ its node's share exactly as a one-node launch does, sends every rank line to its
 ``[host:rank] line``, and adds control lines (``launcher.control``) for events and its result.
 Fed over stdin, it takes the end of stdin as node 0's order to stop (or node 0's death).
 
-    python -m launcher.agent --plan - --node-rank 1      # payload on stdin (ssh)
-    python -m launcher.agent --plan FILE                  # node rank from Slurm or OpenMPI
+    python -m launcher.agent --plan - --node-rank 1          # payload on stdin (ssh)
+    python -m launcher.agent --plan tcp://HOST:PORT           # fetched from the launcher
+                                                              # (srun, mpirun; node rank from
+                                                              # Slurm or OpenMPI)
 
 After the payload, stdin carries ``finish`` once every node's ranks are done (the scheduler's
-node may then stop it) and, by its end, the order to stop.
+node may then stop it) and, by its end, the order to stop. On a restart, before its ranks start,
+the agent puts the resume step's manifest beside their files and fetches from node 0 any file
+its host lacks (``launcher.checkpoints``).
 """
 from __future__ import annotations
 
