@@ -108,6 +108,9 @@ def cli() -> None:
 @click.option("--launcher-args", help="Extra arguments for srun or mpirun, one string.")
 @click.option("--no-preflight", is_flag=True, help="Skip the host checks before a multi-node "
               "launch.")
+@click.option("--sync-workdir", is_flag=True, help="Copy the launch directory (logs left out, "
+              "100 MiB at most) over ssh to the hosts that lack it or where preflight finds its "
+              "files different.")
 @click.option("--parallel", "parallel_mode", type=click.Choice(["data", "semi", "auto"]),
               help="Parallel mode the ranks apply (parallel.init) [default: data].")
 @click.option("--dp", type=int, help="Data-parallel size [default: world / (mp*pp)].")
@@ -218,6 +221,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         ssh_options=tuple(options["ssh_options"]),
         launcher_args=shell_words("--launcher-args", options["launcher_args"] or ""),
         preflight=not options["no_preflight"],
+        sync_workdir=options["sync_workdir"],
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
         max_restarts=options["max_restarts"],

@@ -88,6 +88,7 @@ class LaunchConfig:
     ssh_options: tuple[str, ...] = ()
     launcher_args: tuple[str, ...] = ()
     preflight: bool = True
+    sync_workdir: bool = False
     server_id: Optional[str] = None
     hang_timeout: float = 0.0
     max_restarts: int = 0
@@ -170,6 +171,13 @@ class LaunchConfig:
         for option, value in (("--include", self.include), ("--exclude", self.exclude)):
             if value is not None and not self.hostfile:
                 raise ConfigError(f"{option} filters the hosts of a --hostfile; none given")
+        if self.sync_workdir and not self.hostfile:
+            raise ConfigError("--sync-workdir copies the launch directory over ssh to the hosts "
+                              "of a --hostfile; none given (a Slurm job needs it on every node "
+                              "already)")
+        if self.sync_workdir and not self.preflight:
+            raise ConfigError("--sync-workdir copies where preflight finds the launch directory "
+                              "missing or different; it goes without --no-preflight")
 
     def _check_manual_node(self, node_rank: int) -> None:
         """``--node-rank`` starts this node's share of a job started by hand on every node."""

@@ -9,13 +9,14 @@ one ``Attempt`` per try carries the ranks' events to the monitor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import io
 import os
 import secrets
 import socket
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher import ports
 from parallel import contract
@@ -38,11 +39,12 @@ from launcher.joblock import LogDirLock, check_log_dir
 from launcher.output import Console
 from launcher.payload import serving
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
-from launcher.preflight import render, run_preflight
+from launcher.preflight import HostCheck, launch_files, render, run_preflight
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
 from launcher.stalls import FallingBehind, Stall
 from launcher.supervisor import print_message, run_local
+from launcher.workdir_sync import LaunchDir, sync_stale_hosts
 from parallel.contract import Event
 from rank_tables.table import RankTable
 
@@ -56,6 +58,8 @@ class Job:
     node_rank: int
     generated_table: Optional[RankTable] = None
     """``--rank-table auto``: written to the plan's ``RANK_TABLE_FILE`` when the job runs."""
+    before_start: Optional[Callable[[], None]] = None
+    """Done once every check passed, before anything starts (``--sync-workdir``'s copy)."""
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -223,6 +227,8 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
         job = _cluster_job(config, kind, environ, err)
     check_log_dir(job.plan.log_dir)
     err.write(notes.getvalue())
+    if job.before_start is not None:
+        job.before_start()  # the job is good: only now may it change other hosts
     return job
 
 
@@ -271,19 +277,24 @@ def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
 
 def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
                  err: TextIO) -> Job:
+    if config.sync_workdir and kind is LauncherKind.SLURM:
+        raise ConfigError("--sync-workdir copies over ssh; this job starts with srun, and a "
+                          "Slurm job needs its launch directory on every node already (shared "
+                          "storage, or sbcast)")
     options = TransportOptions(config.ssh_port, config.ssh_options, config.launcher_args)
     backend = _backend(config, kind, environ, options)
     hosts = backend.hosts()
     port = config.master_port or ports.free_port("")
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
+    sync = None
     if kind is not LauncherKind.SLURM and config.preflight:
-        device = _preflight(config, hosts, options, device, port, err)
+        device, sync = _preflight(config, hosts, options, device, port, err)
     nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
                   for i, h in enumerate(hosts))
     master_addr = config.master_addr or _address_of(hosts[0].host)
     extra = forwarded_env(environ, config.workdir)
     return Job(_plan(config, environ, nodes, device, master_addr, port, extra, agents=True),
-               backend, 0)
+               backend, 0, before_start=sync)
 
 
 def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
@@ -298,17 +309,49 @@ def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str
 
 
 def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: TransportOptions,
-               device: DeviceKind, port: int, err: TextIO) -> DeviceKind:
-    checks = run_preflight(hosts, options, os.path.abspath(config.workdir or "."),
-                           DeviceKind(config.device), port)
+               device: DeviceKind, port: int,
+               err: TextIO) -> tuple[DeviceKind, Optional[Callable[[], None]]]:
+    """The device the hosts have, once every host passed; and, with ``--sync-workdir`` and
+    hosts that lack the launch directory or differ, the copy to make (and check) once the rest
+    of the job is known to be good: a refused job changes no host."""
+    workdir = os.path.abspath(config.workdir or ".")
+    files = launch_files(workdir, config.script, config.script_args)
+
+    def check() -> list[HostCheck]:
+        return run_preflight(hosts, options, workdir, DeviceKind(config.device), port, files)
+
+    source = LaunchDir.of(workdir, config.log_dir) if config.sync_workdir else None
+    if source is not None:
+        source.measure()  # over the cap: refused before any host is asked
+    checks = check()
+    sync = None
+    if source is not None:
+        judged = sync_stale_hosts(source, hosts, checks, options, check,
+                                  err if config.dry_run else io.StringIO(), dry_run=True)
+        if not config.dry_run and judged != checks:
+            sync = functools.partial(_sync_then_check, source, hosts, checks, options, check, err)
+        checks = judged
+    _require_passed(checks, err)
+    if DeviceKind(config.device) is DeviceKind.AUTO:
+        # A host that lacked the launch directory (copied once the job is good) said nothing
+        # of its cards: the others speak for it.
+        known = [c.facts.get("cards", 0) for c in checks if c.facts is not None]
+        with_cards = bool(known) and all(cards > 0 for cards in known)
+        return (DeviceKind.NPU if with_cards else DeviceKind.CPU), sync
+    return device, sync
+
+
+def _sync_then_check(source: LaunchDir, hosts: list[HostSelection], checks: list[HostCheck],
+                     options: TransportOptions, check: Callable[[], list[HostCheck]],
+                     err: TextIO) -> None:
+    _require_passed(sync_stale_hosts(source, hosts, checks, options, check, err), err)
+
+
+def _require_passed(checks: list[HostCheck], err: TextIO) -> None:
     failed = [c.host for c in checks if not c.ok]
     if failed:
         err.write(render(checks) + "\n")
         raise LaunchError(f"preflight failed on {', '.join(failed)}: nothing was started")
-    if DeviceKind(config.device) is DeviceKind.AUTO:
-        with_cards = all((c.facts or {}).get("cards", 0) > 0 for c in checks)
-        return DeviceKind.NPU if with_cards else DeviceKind.CPU
-    return device
 
 
 def _host_cards(config: LaunchConfig, host: HostSelection, device: DeviceKind) -> tuple[Card, ...]:

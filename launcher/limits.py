@@ -51,6 +51,15 @@ def read_bounded_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> str:
         raise ConfigError(f"{path}:{e.line}: not UTF-8 text") from None
 
 
+MAX_HASHED_BYTES = 64 << 20
+"""Preflight compares a launch file larger than this by its size alone (hashing it would hold
+preflight up)."""
+MAX_COMPARED_FILES = 16
+"""Preflight compares the script and at most 15 of its arguments that name files."""
+MAX_SYNC_BYTES = 100 << 20
+"""The most file content ``--sync-workdir`` copies (log directories left out)."""
+MAX_SYNC_ENTRIES = 10_000
+"""The most files, directories and links ``--sync-workdir`` copies."""
 MAX_WORDS_CHARS = 4096
 """One ``--ssh-option`` or ``--launcher-args`` value: ``shlex`` is quadratic in a quoted
 word's length, so 5 MB would take minutes."""

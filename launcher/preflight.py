@@ -1,29 +1,38 @@
 """Check every host before a multi-node job starts, in parallel, and print one table.
 
-Each host runs ``launcher.probe`` over ssh. A host fails when it is unreachable, has no such
-Python, runs another npu-launch or MindSpore version than node 0 (this host), has fewer cards
-than its slots (on NPU), shares its hostname with another host (MindSpore needs them unique),
-or, for the first host, already has something on the master port.
+Each host runs ``launcher.probe`` over ssh, in the launch directory. A host fails when it is
+unreachable, has no such Python, runs another npu-launch or MindSpore version than node 0 (this
+host), has fewer cards than its slots (on NPU), shares its hostname with another host (MindSpore
+needs them unique), or, for the first host, already has something on the master port. It also
+fails when its launch directory is not node 0's: missing, or the files the job names
+(``launch_files``: the script, and the arguments that are files in the launch directory) missing
+or different by size or sha256. That last problem is the host's ``stale``, what
+``--sync-workdir`` (``launcher.workdir_sync``) mends.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import json
+import os
+import stat
+import string
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from launcher import probe
 from launcher.backends import TransportOptions
 from launcher.backends.ssh import split_ssh_options, ssh_argv
 from launcher.devices import DeviceKind
 from launcher.hostfile import HostSelection, path_shown
-from launcher.limits import shown
+from launcher.limits import MAX_COMPARED_FILES, shown
+from launcher.probe import FileFact
 
 PROBE_TIMEOUT = 30.0
 _CD_FAILED = ": cd: "
 """How bash begins its complaint when the remote ``cd`` fails (dash says "can't cd")."""
+_SHA_SHOWN = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,67 +42,129 @@ class HostCheck:
     host: str
     facts: Optional[dict]
     problems: tuple[str, ...]
+    stale: Optional[str] = None
+    """Why this host's launch directory is not node 0's (no such directory, or files the job
+    names missing or different), also one of ``problems``; None when it is the same, or the
+    host could not be asked."""
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    def assuming_copied(self) -> "HostCheck":
+        """This check as it would be once the launch directory is copied here (``--dry-run``)."""
+        return dataclasses.replace(self, stale=None,
+                                   problems=tuple(p for p in self.problems if p != self.stale))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    facts: Optional[dict]
+    error: str = ""
+    no_workdir: bool = False
+
+
+def launch_files(workdir: str, script: str, script_args: Sequence[str]) -> tuple[str, ...]:
+    """The files a job names, as preflight compares them across hosts: the script (its
+    ``__main__.py`` for a directory), then each argument that names a regular file of at most
+    ``probe.MAX_HASHED_BYTES`` inside the launch directory here, ``MAX_COMPARED_FILES`` in
+    all. A path inside the launch directory is given relative to it, as the probe reads it."""
+    script_path = os.path.normpath(os.path.join(workdir, script))
+    if os.path.isdir(script_path):
+        script_path = os.path.join(script_path, "__main__.py")
+    found = [_as_named(workdir, script_path)]
+    for arg in script_args:
+        if len(found) >= MAX_COMPARED_FILES:
+            break
+        path = os.path.normpath(os.path.join(workdir, arg))
+        if _inside(workdir, path) and _small_file(path) and _as_named(workdir, path) not in found:
+            found.append(_as_named(workdir, path))
+    return tuple(found)
+
+
+def _inside(workdir: str, path: str) -> bool:
+    return path != workdir and os.path.commonpath([workdir, path]) == workdir
+
+
+def _as_named(workdir: str, path: str) -> str:
+    return os.path.relpath(path, workdir) if _inside(workdir, path) else path
+
+
+def _small_file(path: str) -> bool:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):  # e.g. an argument longer than a file name may be
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size <= probe.MAX_HASHED_BYTES
+
 
 def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, workdir: str,
-                  device: DeviceKind, master_port: Optional[int]) -> list[HostCheck]:
-    """Probe every host at once; then judge each against this host and the others.
+                  device: DeviceKind, master_port: Optional[int],
+                  files: Sequence[str] = ()) -> list[HostCheck]:
+    """Probe every host at once; then judge each against this host and the others, ``files``
+    (relative to ``workdir``, see ``launch_files``) by their size and sha256 here.
 
     A bad ``--ssh-option`` raises ``ConfigError`` here, before any host is asked."""
     split_ssh_options(options.ssh_options)
 
-    def ask(index_host: tuple[int, HostSelection]) -> tuple[Optional[dict], str]:
+    def ask(index_host: tuple[int, HostSelection]) -> _Answer:
         index, host = index_host
         port = master_port if index == 0 else None
-        return _probe(host, options, workdir, port)
+        return _probe(host, options, workdir, port, files)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
     local = probe.report(None)
-    names = [str(facts.get("hostname")) for facts, _ in answers if facts]
-    return [HostCheck(h.host, facts, tuple(_problems(h, facts, error, local, names, device,
-                                                      i == 0 and master_port is not None)))
-            for i, (h, (facts, error)) in enumerate(zip(hosts, answers))]
+    ours = probe.file_facts(files, workdir)
+    names = [str(a.facts.get("hostname")) for a in answers if a.facts]
+    return [_check(h, answer, local, ours, names, device, i == 0 and master_port is not None)
+            for i, (h, answer) in enumerate(zip(hosts, answers))]
 
 
 def _probe(host: HostSelection, options: TransportOptions, workdir: str,
-           port: Optional[int]) -> tuple[Optional[dict], str]:
+           port: Optional[int], files: Sequence[str]) -> _Answer:
     remote = [sys.executable, "-m", "launcher.probe"] + (["--port", str(port)] if port else [])
+    remote += [f"--file={path}" for path in files]  # one word each: a name may start with '-'
     argv = ssh_argv(host.host, host.user, remote, workdir, options)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return None, f"no answer in {PROBE_TIMEOUT:g} s"
+        return _Answer(None, f"no answer in {PROBE_TIMEOUT:g} s")
     if out.returncode == 255:
-        return None, "unreachable: " + _last_line(out.stderr)
+        return _Answer(None, "unreachable: " + _last_line(out.stderr))
     if _CD_FAILED in out.stderr or "can't cd" in out.stderr:
-        return None, f"no directory {path_shown(workdir)} there"
+        return _Answer(None, f"no directory {path_shown(workdir)} there", no_workdir=True)
     if out.returncode == 127:  # the remote shell found no such command
-        return None, f"no {sys.executable} there"
+        return _Answer(None, f"no {sys.executable} there")
     if out.returncode != 0:
-        return None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}"
+        return _Answer(None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}")
     return _facts(out.stdout)
 
 
-def _facts(stdout: str) -> tuple[Optional[dict], str]:
+def _facts(stdout: str) -> _Answer:
     try:
         facts = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         facts = None
     if not isinstance(facts, dict) or not isinstance(facts.get("cards", 0), int):
-        return None, f"probe answered nonsense: {shown(_last_line(stdout))}"
-    return facts, ""
+        return _Answer(None, f"probe answered nonsense: {shown(_last_line(stdout))}")
+    return _Answer(facts)
 
 
-def _problems(host: HostSelection, facts: Optional[dict], error: str, local: dict,
-              names: list[str], device: DeviceKind, check_port: bool) -> list[str]:
-    if facts is None:
-        return [error]
+def _check(host: HostSelection, answer: _Answer, local: dict, ours: Mapping[str, FileFact],
+           names: list[str], device: DeviceKind, check_port: bool) -> HostCheck:
+    if answer.facts is None:
+        return HostCheck(host.host, None, (answer.error,),
+                         answer.error if answer.no_workdir else None)
+    problems = _problems(host, answer.facts, local, names, device, check_port)
+    stale = files_problem(ours, _their_files(answer.facts))
+    return HostCheck(host.host, answer.facts, tuple(problems) + ((stale,) if stale else ()),
+                     stale)
+
+
+def _problems(host: HostSelection, facts: dict, local: dict, names: list[str],
+              device: DeviceKind, check_port: bool) -> list[str]:
     problems = []
     for key, what in (("npu_launch", "npu-launch"), ("mindspore", "MindSpore")):
         if facts.get(key) != local.get(key):
@@ -105,6 +176,40 @@ def _problems(host: HostSelection, facts: Optional[dict], error: str, local: dic
     if check_port and facts.get("port_free") is False:
         problems.append("master port in use")
     return problems
+
+
+def _their_files(facts: dict) -> dict[str, FileFact]:
+    files = facts.get("files")
+    if not isinstance(files, dict):
+        return {}
+    return {str(path): FileFact.from_json(value) for path, value in files.items()}
+
+
+def files_problem(ours: Mapping[str, FileFact], theirs: Mapping[str, FileFact]) -> Optional[str]:
+    """One problem naming every file of ``ours`` (node 0's) that is missing or differs in
+    ``theirs`` (a host's), or None when all are the same. Sizes are compared first; the
+    sha256 of a file over ``probe.MAX_HASHED_BYTES`` is not known, its size alone decides."""
+    unknown = FileFact(problem="not reported")
+    parts = [_difference(path, fact, theirs.get(path, unknown)) for path, fact in ours.items()
+             if fact.problem is None]  # what node 0 cannot read it cannot compare
+    return ", ".join(part for part in parts if part) or None
+
+
+def _difference(path: str, ours: FileFact, theirs: FileFact) -> Optional[str]:
+    name = path_shown(path)
+    if theirs.problem is not None:
+        return f"{name} is {theirs.problem}"
+    if theirs.size != ours.size:
+        return f"{name} differs from node 0's (size {theirs.size} vs {ours.size} bytes)"
+    if theirs.sha256 != ours.sha256:
+        return (f"{name} differs from node 0's (sha256 {_sha(theirs.sha256)} vs "
+                f"{_sha(ours.sha256)})")
+    return None
+
+
+def _sha(digest: Optional[str]) -> str:
+    head = (digest or "")[:_SHA_SHOWN]
+    return head if head and all(c in string.hexdigits for c in head) else "unknown"
 
 
 def _last_line(text: str) -> str:

@@ -1,23 +1,91 @@
-"""What preflight asks each host: ``python -m launcher.probe [--port P]`` prints one JSON line.
+"""What preflight asks each host: ``python -m launcher.probe [--port P] [--file=PATH ...]``
+prints one JSON line.
 
-Runs on the remote host with the same Python node 0 uses; imports nothing heavy (MindSpore's
-version comes from its installed metadata, not from importing it).
+Runs on the remote host, in the launch directory, with the same Python node 0 uses; imports
+nothing heavy (MindSpore's version comes from its installed metadata, not from importing it).
+Each ``--file`` (relative to the launch directory, or absolute) is reported as a ``FileFact``:
+its size and sha256, or why there is none.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import os
 import socket
+import stat
 import sys
 from importlib import metadata
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from launcher import __version__
 from launcher.devices import find_cards
+from launcher.limits import MAX_HASHED_BYTES
 
 
-def report(port: Optional[int]) -> dict:
+_CHUNK = 1024 * 1024
+_PROBLEMS = ("missing", "not a regular file", "unreadable")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFact:
+    """One named file as a host sees it: ``size`` and ``sha256`` (None when larger than
+    ``MAX_HASHED_BYTES``), or ``problem`` (``missing``, ``not a regular file``, ``unreadable``)."""
+
+    size: Optional[int] = None
+    sha256: Optional[str] = None
+    problem: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "FileFact":
+        """A probe's answer for one file; anything malformed is a problem, never an error."""
+        if not isinstance(value, dict):
+            return cls(problem="not reported")
+        size, digest, problem = value.get("size"), value.get("sha256"), value.get("problem")
+        if problem is not None:
+            return cls(problem=problem if problem in _PROBLEMS else "not reported")
+        if not isinstance(size, int) or isinstance(size, bool) or \
+                not (digest is None or isinstance(digest, str)):
+            return cls(problem="not reported")
+        return cls(size, digest)
+
+
+def file_fact(path: str) -> FileFact:
+    """``path`` as this host sees it. Only a regular file is opened (a FIFO would block)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return FileFact(problem="missing")
+    except OSError:
+        return FileFact(problem="unreadable")
+    if not stat.S_ISREG(info.st_mode):
+        return FileFact(problem="not a regular file")
+    if info.st_size > MAX_HASHED_BYTES:
+        return FileFact(info.st_size)
+    try:
+        return FileFact(info.st_size, _sha256(path))
+    except OSError:
+        return FileFact(problem="unreadable")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_facts(paths: Sequence[str], root: str) -> dict[str, FileFact]:
+    """Each of ``paths`` (relative ones under ``root``) by the path as given."""
+    return {path: file_fact(os.path.join(root, path)) for path in paths}
+
+
+def report(port: Optional[int], files: Optional[Mapping[str, FileFact]] = None) -> dict:
     return {
         "hostname": socket.gethostname(),
         "npu_launch": __version__,
@@ -26,6 +94,7 @@ def report(port: Optional[int]) -> dict:
         "python_version": sys.version.split()[0],
         "cards": len(find_cards(os.environ)),
         "port_free": _port_free(port) if port else None,
+        "files": {path: fact.to_json() for path, fact in (files or {}).items()},
     }
 
 
@@ -49,7 +118,10 @@ def _port_free(port: int) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m launcher.probe")
     parser.add_argument("--port", type=int, default=None)
-    print(json.dumps(report(parser.parse_args().port)))
+    parser.add_argument("--file", dest="files", action="append", default=[],
+                        help="a file to report (given as --file=PATH: a path may start with '-')")
+    args = parser.parse_args()
+    print(json.dumps(report(args.port, file_facts(args.files, os.getcwd()))))
 
 
 if __name__ == "__main__":
