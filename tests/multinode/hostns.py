@@ -13,7 +13,8 @@ so the host has
   ``/var/tmp`` and ``/dev/shm``). What one host writes there no other host and not the root
   namespace sees. Everything else (the Python, the installed packages, the repository, ``/etc``,
   the cluster's ssh and Slurm configuration under ``/run/npl-clusters``) stays shared, as on
-  hosts built from one image. A job's directory gets onto a host by copying (``hostfiles.py``).
+  hosts built from one image, even where it lies under one of those directories (a checkout in
+  ``/tmp``: ``shared_image_paths`` are bound back over the tmpfs). A job's directory gets onto a host by copying (``hostfiles.py``).
 * its own process table: ``/proc`` is remounted for the PID namespace, so ``ps`` in a host lists
   that host's processes only, under the host's own pids, and ``kill`` reaches only them.
   When the init dies, the kernel kills every process of the host.
@@ -41,8 +42,33 @@ PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 """The directories every host has to itself, each a fresh tmpfs."""
 
 _INIT = str(Path(__file__).with_name("host_init.py"))
-_MOUNT_AND_RUN = ('set -e; name=$1; shift; for d in "$@"; do mount -t tmpfs -o mode=1777 '
-                  'npl-host "$d"; done; hostname "$name"; exec "$PYTHON_FOR_INIT" -I -S "$INIT_SCRIPT" "$name"')
+_MOUNT_AND_RUN = r"""set -e; name=$1; n=$2; shift 2
+# The image's own paths under a private directory (a checkout in /tmp, as CI may make) are
+# bound aside first and back after the tmpfs covers them: hosts built from one image share it.
+stage=$(mktemp -d /run/npl-keep.XXXXXX); i=0
+for k in "$@"; do [ "$i" -lt "$n" ] || break; mkdir "$stage/$i"; mount --bind "$k" "$stage/$i"; i=$((i+1)); done
+j=0
+for d in "$@"; do [ "$j" -lt "$n" ] || mount -t tmpfs -o mode=1777 npl-host "$d"; j=$((j+1)); done
+i=0
+for k in "$@"; do [ "$i" -lt "$n" ] || break
+  mkdir -p "$k"; mount --bind "$stage/$i" "$k"; umount "$stage/$i"; rmdir "$stage/$i"; i=$((i+1)); done
+rmdir "$stage"
+hostname "$name"; exec "$PYTHON_FOR_INIT" -I -S "$INIT_SCRIPT" "$name"
+"""
+
+
+def shared_image_paths() -> list[str]:
+    """The repository and the Python, where they lie under a private directory: every host
+    must still see them (the one image hosts are built from)."""
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [repo, Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent]
+    private = [Path(d) for d in PRIVATE_DIRS]
+    kept: list[Path] = []
+    for path in candidates:
+        if any(path == d or d in path.parents for d in private) and \
+                not any(k == path or k in path.parents for k in kept):
+            kept = [k for k in kept if path not in k.parents] + [path]
+    return [str(k) for k in kept]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +83,10 @@ class HostInit:
 def start_init(name: str, netns: Path, env: dict[str, str], log: Path,
                timeout: float = 20) -> tuple[subprocess.Popen, HostInit]:
     """Start the host's init (see the module docstring) and wait until its mounts are made."""
+    keep = shared_image_paths()
     argv = ["nsenter", f"--net={netns}", "--", "unshare", "--uts", "--ipc", "--mount",
             "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-            "sh", "-c", _MOUNT_AND_RUN, "sh", name, *PRIVATE_DIRS]
+            "sh", "-c", _MOUNT_AND_RUN, "sh", name, str(len(keep)), *keep, *PRIVATE_DIRS]
     env = {**env, "PYTHON_FOR_INIT": sys.executable, "INIT_SCRIPT": _INIT}
     with open(log, "ab") as err:
         # unshare stays in between and waits for the init (its only child).
