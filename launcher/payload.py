@@ -25,6 +25,8 @@ from launcher.errors import LaunchError
 SCHEME = "tcp://"
 _HELLO_TIMEOUT = 5.0
 _MAX_REQUEST = 200
+_MAX_CLIENTS = 1100
+"""Connections served at once: every agent of the largest job (1024 nodes) may ask together."""
 _CONNECT_TIMEOUT = 60.0
 MAX_PAYLOAD_BYTES = 1 << 30
 """A plan larger than this is not a plan."""
@@ -47,6 +49,7 @@ class PayloadServer:
         port = self._sock.getsockname()[1]
         self.address = f"{SCHEME}{host or socket.gethostname()}:{port}"
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(_MAX_CLIENTS)
         self._thread = threading.Thread(target=self._serve, name="payload-server", daemon=True)
         self._thread.start()
 
@@ -63,10 +66,13 @@ class PayloadServer:
                 continue
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # more callers at once than a job has agents: not ours
+                continue
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
-        with conn:
+        with conn, _released(self._slots):
             conn.settimeout(_HELLO_TIMEOUT)
             try:
                 key, _, request = _read_line(conn, _MAX_REQUEST).partition(b" ")
@@ -78,12 +84,20 @@ class PayloadServer:
     def _send(self, conn: socket.socket, request: list[str]) -> None:
         if request == ["plan"]:
             conn.sendall(self.payload)
-        elif len(request) == 2 and request[0] == "replica" and request[1].isdigit() \
-                and int(request[1]) in self._replicas:
+        elif len(request) == 2 and request[0] == "replica" and request[1].isascii() \
+                and request[1].isdigit() and int(request[1]) in self._replicas:
             started = time.monotonic()
             with open(self._replicas[int(request[1])], "rb") as f:
                 size = conn.sendfile(f)
             self._on_sent(size, time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def _released(slots: threading.BoundedSemaphore) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ def test_the_key_gets_the_payload_and_every_agent_may_ask() -> None:
     assert answers == [PAYLOAD] * 8
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_wrong_key_gets_nothing_and_is_told_in_one_line() -> None:
     with serving(PAYLOAD, "127.0.0.1") as server:
         with pytest.raises(LaunchError, match=r"sent nothing for 'plan' \(a wrong key"):
@@ -49,6 +50,9 @@ def test_a_wrong_key_gets_nothing_and_is_told_in_one_line() -> None:
         with socket.create_connection(("127.0.0.1", _port(server.address))) as conn:
             conn.sendall(server.key.encode() + b"tail plan\n")  # the key and more is not the key
             assert _nothing_comes(conn)
+        for request in ("replica 0", "replica \u00b2", "replica", "plan please"):  # no replicas here
+            with pytest.raises(LaunchError, match="sent nothing"):
+                fetch(server.address, server.key, request, timeout=1)
 
 
 def test_a_client_that_says_nothing_is_dropped_and_others_are_served() -> None:
