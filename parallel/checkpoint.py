@@ -17,6 +17,7 @@ them too); saving and loading import MindSpore when they run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -268,6 +269,28 @@ def prune(ckpt_dir: PathLike, keep_last: int) -> list[int]:
     for step in doomed:
         _remove_step(step_dir(ckpt_dir, step))
     return doomed
+
+
+def prune_rank(ckpt_dir: PathLike, rank: int, oldest_kept: int) -> list[int]:
+    """Delete ``rank``'s own files of every step older than ``oldest_kept`` (a step every rank
+    is known to have saved), for a rank whose host holds only its own files. A step's manifest
+    goes first, then the rank's file and sidecar, then the step directory once it is empty.
+    Returns the steps it touched."""
+    touched = []
+    for step in list_steps(ckpt_dir):
+        if step >= oldest_kept:
+            continue
+        directory = step_dir(ckpt_dir, step)
+        ckpt = rank_checkpoint_path(ckpt_dir, step, rank)
+        if not ckpt.exists() and not (directory / MANIFEST).exists():
+            continue
+        (directory / MANIFEST).unlink(missing_ok=True)
+        ckpt.unlink(missing_ok=True)
+        _sidecar_path(ckpt).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # other ranks' files on a shared disk keep it
+        touched.append(step)
+    return touched
 
 
 def _remove_step(directory: Path) -> None:

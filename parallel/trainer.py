@@ -288,6 +288,7 @@ class Trainer:
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
         self._pending_manifests: set[int] = set()
+        self._confirmed_steps: list[int] = []
         self._gather: Optional[RowGather] = None
         self._replicas_checked = False
         if self.options.resume is ResumeMode.AUTO:
@@ -352,6 +353,7 @@ class Trainer:
         self.position = loaded.position
         self.resumed_from = manifest.step
         self._saved_steps.add(manifest.step)
+        self._confirmed_steps.append(manifest.step)  # complete: every rank saved it
         log.info("resumed from step %d (epoch %d, batch %d)", manifest.step,
                  loaded.position.epoch, loaded.position.batch_in_epoch)
 
@@ -557,6 +559,7 @@ class Trainer:
         self._check_replicas(force=True)  # also the barrier before rank 0 looks for all files
         self._pending_manifests.add(step)
         self._complete_pending()
+        self._prune_own(step)
         path = os.path.abspath(checkpoint.step_dir(self.options.ckpt_dir, step) / entry.name)
         self.last_checkpoint = path
         events.emit(contract.EVENT_CHECKPOINT, step=step, path=path, name=entry.name,
@@ -565,6 +568,19 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_checkpoint(step, path)
         run.meter.pause_since(started)
+
+    def _prune_own(self, step: int) -> None:
+        """Keep-last-K for this rank's own files, on whatever host they are: in data
+        parallelism every rank has passed the replica check's all-gather after saving ``step``,
+        so every rank's file of it exists, and older steps beyond the K newest such are this
+        rank's to delete (rank 0 alone, on a disk that holds every rank's files, would
+        otherwise be the only one to prune)."""
+        if not self.data_parallel or self.options.ckpt_dir is None:
+            return
+        self._confirmed_steps.append(step)
+        if len(self._confirmed_steps) >= self.options.keep_last:  # K steps known complete
+            oldest_kept = self._confirmed_steps[-self.options.keep_last]
+            checkpoint.prune_rank(self.options.ckpt_dir, self.rank, oldest_kept)
 
     def _state_params(self) -> list[Any]:
         params = {p.name: p for p in self.network.get_parameters()}

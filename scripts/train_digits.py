@@ -47,6 +47,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="[default: checkpoints/ in the job's log dir]")
     parser.add_argument("--ckpt-every", type=int, default=5, metavar="EPOCHS",
                         help="checkpoint every EPOCHS epochs and at the end [default: 5]")
+    parser.add_argument("--keep-last", type=int, default=3, metavar="K",
+                        help="keep the K newest complete checkpoints [default: 3]")
     parser.add_argument("--save-params", type=Path, default=None,
                         help="write this rank's trainable parameters to DIR/rank<R>.npz")
     return parser.parse_args(argv)
@@ -93,7 +95,7 @@ def build(args: argparse.Namespace, callbacks: Sequence[Callback] = ()) -> tuple
                       callbacks=callbacks, amp_level=amp_level(args.amp, info),
                       loss_scale=None if args.loss_scale == "auto" else args.loss_scale,
                       ckpt_dir=str(ckpt_dir), ckpt_every_epochs=args.ckpt_every, resume="auto",
-                      log_every=5)
+                      keep_last=args.keep_last, log_every=5)
     return trainer, net
 
 

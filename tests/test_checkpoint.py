@@ -187,6 +187,23 @@ def test_keep_last_k_deletes_older_steps_but_not_newer_incomplete_ones(ckpt_dir:
     assert checkpoint.latest_complete(ckpt_dir).step == 8
 
 
+def test_a_rank_prunes_only_its_own_files_and_the_manifest_first(tmp_path: Path) -> None:
+    """What a data-parallel rank deletes on its own host (the trainer's keep-last-K where no
+    host holds a whole step): its file and sidecar of older steps, their manifest first."""
+    for step in (10, 20, 30):
+        folder = checkpoint.step_dir(tmp_path, step)
+        folder.mkdir(parents=True)
+        for name in ("rank_1.ckpt", "rank_1.json", checkpoint.MANIFEST):
+            (folder / name).write_text("x")
+    (checkpoint.step_dir(tmp_path, 10) / "rank_0.ckpt").write_text("another rank's, shared disk")
+    assert checkpoint.prune_rank(tmp_path, 1, oldest_kept=30) == [10, 20]
+    assert sorted(p.name for p in checkpoint.step_dir(tmp_path, 10).iterdir()) == ["rank_0.ckpt"]
+    assert not checkpoint.step_dir(tmp_path, 20).exists()  # emptied, so removed
+    assert sorted(p.name for p in checkpoint.step_dir(tmp_path, 30).iterdir()) == [
+        checkpoint.MANIFEST, "rank_1.ckpt", "rank_1.json"]
+    assert checkpoint.prune_rank(tmp_path, 1, oldest_kept=30) == []
+
+
 @pytest.mark.mindspore
 def test_latest_complete_skips_a_step_whose_manifest_is_unreadable(ckpt_dir: Path) -> None:
     complete(ckpt_dir, 3)

@@ -63,17 +63,18 @@ def test_a_killed_rank_resumes_from_the_last_complete_step_on_private_disks(
         "--device", "cpu", "--console", "none", "--job-id", job, "--max-restarts", "1",
         "--log-dir", str(work / "logs"), FAULTS, "--kill-at-step", str(kill_at),
         *(["--wipe-checkpoints"] if wipe else []), "--epochs", EPOCHS, "--ckpt-every", "1",
+        "--keep-last", "1",
         "--save-params", str(work / "params")], cwd=work, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"restart 1 of 1 after: job {job} failed: rank 1" in result.stderr
     a, b = ssh_cluster.names
     node0 = lambda path: ssh_cluster.read_text(a, work / "logs" / path)  # noqa: E731
 
-    # Node 0's ledger knew epoch 1's step complete though no host held both files.
+    # Node 0's ledger knew epoch 1's step complete though no host held both files (the files
+    # themselves were pruned once later steps completed: keep-last-1).
     assert json.loads(node0(f"checkpoint_ledger/step_{per_epoch}/files.json")) == {
         "0": {"host": a, "path": str(work / "logs" / "checkpoints" / f"step_{per_epoch}" / "rank_0.ckpt")},
         "1": {"host": b, "path": str(work / "logs" / "checkpoints" / f"step_{per_epoch}" / "rank_1.ckpt")}}
-    assert not ssh_cluster.exists(a, work / "logs" / "checkpoints" / f"step_{per_epoch}" / "rank_1.ckpt")
     for rank in (0, 1):
         log = node0(f"rank_{rank}.log") or ""  # node 0's streamed copy of every rank's log
         assert f"resumed from step {per_epoch});" in log, \
@@ -87,6 +88,11 @@ def test_a_killed_rank_resumes_from_the_last_complete_step_on_private_disks(
     assert sent["files"] == (1 if wipe else 0) and (sent["bytes"] > 0) is wipe, sent
     assert {(c["step"], c["host"]) for c in summary["checkpoints"] if c["complete"]} >= {
         (per_epoch, a), (per_epoch, b)}
+
+    # Keep-last-1 on every host, though no host ever held a whole step: each rank pruned its own.
+    for host in (a, b):
+        left = ssh_cluster.run_on(host, ["ls", str(work / "logs" / "checkpoints")], check=True)
+        assert left.stdout.split() == [f"step_{3 * per_epoch}"], (host, left.stdout)
 
     for rank, host in ((0, a), (1, b)):
         want = _params(ssh_cluster, a, straight_params, rank)
