@@ -73,9 +73,11 @@ class CheckpointLedger:
         if reported is None or reported.file.position.global_step != event.step:
             return None
         step = reported.file.position.global_step
+        if not 0 <= event.rank < self._world:
+            return None  # not a rank of this job
         ranks = self._steps.setdefault(step, {})
         ranks[event.rank] = reported
-        if step in self._complete or set(ranks) != set(range(self._world)):
+        if step in self._complete or len(ranks) < self._world:
             return None
         files = tuple(ranks[r].file for r in range(self._world))
         if len({f.position for f in files}) != 1:

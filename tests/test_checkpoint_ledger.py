@@ -60,6 +60,9 @@ def test_events_that_do_not_describe_a_file_are_not_counted(tmp_path: Path) -> N
     assert bare is not None and relative is not None
     assert ledger.record(bare) is None and ledger.record(relative) is None
     assert ledger.complete_steps == []
+    stranger = _event(5, "z", tmp_path / "z" / "rank_5.ckpt", b"five", step=3)
+    assert ledger.record(stranger) is None  # rank 5 of a 1-rank job: not counted
+    assert ledger.record(_event(0, "a", tmp_path / "a" / "rank_0.ckpt", b"zero", step=3)) is not None
 
 
 def _point(tmp_path: Path, data_parallel: bool = True):
