@@ -22,7 +22,8 @@ import json
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from parallel.manifest import MANIFEST, DataPosition, Manifest, RankFile, sha256_file
+from parallel.manifest import (MANIFEST, DataPosition, Manifest, RankFile, atomic_write_bytes,
+                               sha256_file)
 from parallel.contract import Event
 
 LEDGER_DIR = "checkpoint_ledger"
@@ -91,10 +92,6 @@ class CheckpointLedger:
     def complete_steps(self) -> list[int]:
         return sorted(self._complete)
 
-    @property
-    def reported_steps(self) -> list[int]:
-        return sorted(self._steps)
-
     def resume_point(self) -> Optional[ResumePoint]:
         """The newest complete step, as a restart resumes from it."""
         if not self._complete:
@@ -116,9 +113,9 @@ class CheckpointLedger:
     def _write(self, manifest: Manifest, ranks: Mapping[int, Reported]) -> None:
         folder = os.path.join(self._dir, f"step_{manifest.step}")
         os.makedirs(folder, exist_ok=True)
-        _write_atomically(os.path.join(folder, MANIFEST), manifest.to_json())
+        atomic_write_bytes(os.path.join(folder, MANIFEST), manifest.to_json().encode())
         where = {str(r): {"host": rep.host, "path": rep.path} for r, rep in sorted(ranks.items())}
-        _write_atomically(os.path.join(folder, FILES), json.dumps(where, indent=1))
+        atomic_write_bytes(os.path.join(folder, FILES), json.dumps(where, indent=1).encode())
 
 
 class MissingCheckpoint(Exception):
@@ -153,8 +150,8 @@ def place_for_resume(point: ResumePoint, ranks: Sequence[int], host: str,
         by_folder.setdefault(os.path.dirname(path), {})[rank] = entry
     for folder, entries in by_folder.items():
         files = tuple(entries.get(f.rank, f) for f in manifest.files)
-        _write_atomically(os.path.join(folder, MANIFEST),
-                          dataclasses.replace(manifest, files=files).to_json())
+        atomic_write_bytes(os.path.join(folder, MANIFEST),
+                           dataclasses.replace(manifest, files=files).to_json().encode())
     return fetched
 
 
@@ -177,12 +174,3 @@ def _intact(path: str, file: RankFile) -> bool:
         return os.path.getsize(path) == file.size and sha256_file(path) == file.sha256
     except OSError:
         return False
-
-
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -39,6 +39,7 @@ from launcher.stalls import Stall
 from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from parallel.manifest import atomic_write_bytes
 
 _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
@@ -458,7 +459,8 @@ class JobMonitor:
                 self._summary = build_summary(self._job_id, self._state, self._started,
                                               self._clock(), str(getattr(outcome, "value", outcome)),
                                               exit_code, message, stall, cause)
-                _write_json_atomically(os.path.join(self._log_dir, SUMMARY_FILE), self._summary)
+                text = json.dumps(self._summary, indent=2, default=str) + "\n"
+                atomic_write_bytes(os.path.join(self._log_dir, SUMMARY_FILE), text.encode())
             return self._summary
 
     def _append(self, record: Mapping[str, Any]) -> None:
@@ -494,16 +496,6 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
             "root_cause": cause.to_json() if cause else None,
             "started_at": started, "ended_at": ended, "duration_s": duration,
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
-
-
-def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _write(stream: TextIO, text: str) -> None:

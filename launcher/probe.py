@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -22,9 +21,9 @@ from typing import Any, Mapping, Optional, Sequence
 from launcher import __version__
 from launcher.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
+from parallel.manifest import sha256_file
 
 
-_CHUNK = 1024 * 1024
 _PROBLEMS = ("missing", "not a regular file", "unreadable")
 
 
@@ -67,17 +66,9 @@ def file_fact(path: str) -> FileFact:
     if info.st_size > MAX_HASHED_BYTES:
         return FileFact(info.st_size)
     try:
-        return FileFact(info.st_size, _sha256(path))
+        return FileFact(info.st_size, sha256_file(path))
     except OSError:
         return FileFact(problem="unreadable")
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_facts(paths: Sequence[str], root: str) -> dict[str, FileFact]:

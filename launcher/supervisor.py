@@ -81,8 +81,10 @@ class LocalRanks:
         if self._failures:
             return Outcome.FAILED
         if self._stalls is not None:
-            self._stall = self._stalls.check(self._running_ranks(group), self._stack_files(group),
-                                             self._main_threads, self._host, self._plan.nnodes == 1)
+            running = {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
+            stacks = {r: self._by_rank[r].stack_path for r in running}
+            self._stall = self._stalls.check(running, stacks, self._main_threads, self._host,
+                                             self._plan.nnodes == 1)
             if self._stall is not None:
                 return Outcome.STALLED
         if set(self._by_rank) <= self._exited:
@@ -138,12 +140,6 @@ class LocalRanks:
                 self._exited.add(exit_.spec.rank)
                 self._reporter.event(Event.exited(exit_.spec.rank, exit_.spec.host,
                                                   exit_.returncode, exit_.time))
-
-    def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
-        return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
-
-    def _stack_files(self, group: ProcessGroup) -> dict[int, str]:
-        return {r: self._by_rank[r].stack_path for r in self._running_ranks(group)}
 
     def _announce_ranks_done(self) -> None:
         if not self._ranks_done_sent:

@@ -21,15 +21,14 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from parallel.manifest import (MANIFEST, DataPosition, Manifest, PathLike, RankFile,  # noqa: F401
-                               sha256_file)  # (re-exported: the trainer and tests use them here)
+                               atomic_save, atomic_write_bytes, sha256_file)  # (re-exported)
 
 EXTRA_PREFIX = "npu_launch."
 """Names of the non-parameter entries in a rank file (loss scale, data position)."""
@@ -67,60 +66,6 @@ def list_steps(ckpt_dir: PathLike) -> list[int]:
         return []
     found = (_STEP_DIR.match(entry.name) for entry in root.iterdir() if entry.is_dir())
     return sorted(int(m.group(1)) for m in found if m)
-
-
-# Atomic files ------------------------------------------------------------------------------------
-
-def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old content or all of the new."""
-    path = Path(path)
-    tmp = _temp_name(path)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        _publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_save(path: PathLike, write: Callable[[Path], None]) -> None:
-    """Have ``write(tmp)`` create a temporary file, then move it atomically to ``path``."""
-    path = Path(path)
-    tmp = _temp_name(path)
-    try:
-        write(tmp)
-        _fsync_file(tmp)
-        _publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _temp_name(path: Path) -> Path:
-    # Keeps the real suffix last: MindSpore appends ".ckpt" to names that do not end in it.
-    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-
-
-def _publish(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_temps(directory: Path, stem: str) -> None:

@@ -1,4 +1,5 @@
-"""What a complete checkpoint is, as plain data: the manifest and its entries.
+"""What a complete checkpoint is, as plain data: the manifest and its entries, and the atomic
+writes every file of a checkpoint goes through.
 
 Both sides read these: the trainer writes and loads manifests (``parallel.checkpoint``), and
 node 0's launcher builds the job-wide one from the ranks' checkpoint events
@@ -10,7 +11,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Mapping, Union
+from pathlib import Path
+from typing import Any, Callable, Mapping, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 MANIFEST = "manifest.json"
@@ -96,3 +98,57 @@ def sha256_file(path: PathLike) -> str:
         for block in iter(lambda: handle.read(_CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Atomic files ------------------------------------------------------------------------------------
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old content or all of the new."""
+    path = Path(path)
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_save(path: PathLike, write: Callable[[Path], None]) -> None:
+    """Have ``write(tmp)`` create a temporary file, then move it atomically to ``path``."""
+    path = Path(path)
+    tmp = _temp_name(path)
+    try:
+        write(tmp)
+        _fsync_file(tmp)
+        _publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _temp_name(path: Path) -> Path:
+    # Keeps the real suffix last: MindSpore appends ".ckpt" to names that do not end in it.
+    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
