@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.events import EventTail  # noqa: E402
 from launcher.monitor import JobMonitor  # noqa: E402
-from launcher.stalls import FallingBehind  # noqa: E402
+from launcher.stalls import HangCheck, Limits  # noqa: E402
 
 EMITTER = """\
 import sys, time
@@ -93,7 +93,7 @@ def open_display(kind: str) -> tuple[TextIO, Optional[subprocess.Popen]]:
     return open(slave, "w"), drain
 
 
-def watch(procs: list, tails: list[EventTail], monitor: JobMonitor, behind: FallingBehind,
+def watch(procs: list, tails: list[EventTail], monitor: JobMonitor, behind: HangCheck,
           tick: float) -> tuple[float, Usage]:
     """The watch loop until every emitter exited; wall seconds and CPU by phase."""
     usage = Usage()
@@ -140,7 +140,7 @@ def main() -> None:
         try:
             monitor = JobMonitor(str(log_dir), "bench", {r: "bench-host" for r in range(args.ranks)},
                                  stream, live=True)
-            behind = FallingBehind(monitor.rank_states, 30.0)
+            behind = HangCheck(monitor.rank_states, Limits(30.0, 30.0))
             tails = [EventTail(str(log_dir / "events" / f"rank_{r}.jsonl")) for r in range(args.ranks)]
             cpu0 = time.process_time()
             wall, usage = watch(procs, tails, monitor, behind, args.tick)

@@ -13,7 +13,9 @@ Fed over stdin, it takes the end of stdin as node 0's order to stop (or node 0's
 After the payload, stdin carries ``finish`` once every node's ranks are done (the scheduler's
 node may then stop it) and, by its end, the order to stop. On a restart, before its ranks start,
 the agent puts the resume step's manifest beside their files and fetches from node 0 any file
-its host lacks (``launcher.checkpoints``).
+its host lacks (``launcher.checkpoints``). As it forwards its ranks' checkpoint events, it sends
+the files node 0 collects (the plan's ``collect_ranks``) to the launcher from a thread of its
+own, unless its host sees the launcher's log directory (``launcher.collect``).
 """
 from __future__ import annotations
 
@@ -29,14 +31,16 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from launcher import control, payload
+from launcher.binding import bind_node
 from launcher.checkpoints import MissingCheckpoint, place_for_resume
+from launcher.collect import Uploader, shares_storage
 from launcher.errors import LaunchError
 from launcher.config import ConsoleFilter
 from launcher.events import prepare_dirs
 from launcher.failures import Cause, JobResult, Outcome
 from launcher.limits import whole_number
 from launcher.output import Console
-from launcher.payload import PayloadServer
+from launcher.payload import PayloadServer, Upload
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.stalls import Stall
 from launcher.supervisor import LocalRanks
@@ -71,6 +75,10 @@ class NodeZero:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+    def upload(self, upload: Upload, path: str) -> None:
+        """Send node 0 a checkpoint file it collects (``launcher.collect``)."""
+        payload.upload_file(self.address, self.key, upload, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -129,13 +137,17 @@ def node_rank_from(environ: Mapping[str, str]) -> int:
 
 
 class ControlReporter:
-    """An agent's news for node 0: control lines in its stdout, among its ranks' lines."""
+    """An agent's news for node 0: control lines in its stdout, among its ranks' lines; the
+    checkpoint files node 0 collects go to ``uploader`` as their events pass."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, uploader: Optional[Uploader] = None) -> None:
         self._console = console
+        self._uploader = uploader
 
     def event(self, event: Event) -> None:
         self._console.write_line(b"", control.event_line(event))
+        if self._uploader is not None:
+            self._uploader.offer(event)
 
     def ranks_done(self, node_rank: int) -> None:
         self._console.write_line(b"", control.node_done_line(node_rank))
@@ -151,18 +163,36 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZ
     specs = plan.on_node(node_rank)
     prepare_dirs(plan.log_dir, [path for spec in specs for path in spec.files])
     console = Console(sys.stdout.buffer)
-    reporter = ControlReporter(console)
-    missing = _place_for_resume(plan, specs, server, console)
+    plan, unbound = _bind_here(plan, node_rank, console)
+    missing = unbound or _place_for_resume(plan, specs, server, console)
     if missing is not None:
-        reporter.result(missing)
+        ControlReporter(console).result(missing)
         return missing.exit_code
+    uploader = _uploader(plan, specs, server, console)
+    reporter = ControlReporter(console, uploader)
     ranks = LocalRanks(plan, os.environ, node_rank, console, ConsoleFilter(), reporter)
     watch = Watch(plan, ranks, ranks.group())  # node 0 filters the console
     if watch_stdin:
         threading.Thread(target=_follow_stdin, args=(ranks, watch), daemon=True).start()
     result = watch.run()
+    # The last checkpoint's files go before the result: node 0 stops serving once every
+    # agent has reported. After a failure they get the time teardown gives processes.
+    uploader.close(None if result.outcome is Outcome.SUCCEEDED else plan.timeouts.kill)
     reporter.result(result)
     return result.exit_code
+
+
+def _uploader(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: NodeZero,
+              console: Console) -> Uploader:
+    """What this node sends node 0: its ranks among the plan's ``collect_ranks``, unless the
+    host shares the launcher's storage."""
+    mine = frozenset(s.rank for s in specs if s.rank is not None and s.rank in plan.collect_ranks)
+    if mine and shares_storage(plan.log_dir, plan.token):
+        console.write_line(b"", b"checkpoints: this host sees the launcher's log directory "
+                           b"(shared storage): its ranks' files stay where they are, none is "
+                           b"sent to node 0")
+        mine = frozenset()
+    return Uploader(server.upload, mine, lambda line: console.write_line(b"", line.encode()))
 
 
 def _place_for_resume(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: NodeZero,
@@ -174,7 +204,8 @@ def _place_for_resume(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: No
     host = specs[0].host if specs else "?"
     ranks = [s.rank for s in specs if s.rank is not None]
     try:
-        for note in place_for_resume(plan.resume, ranks, host, server.fetch_replica):
+        for note in place_for_resume(plan.resume, ranks, host, server.fetch_replica,
+                                     exact=not plan.replicated):
             console.write_line(b"", f"resume: {note}".encode())  # node 0 shows it as [host:agent]
     except (MissingCheckpoint, LaunchError, OSError) as e:
         message = f"npu-launch: job {plan.job_id} failed before restart {plan.restart}: {e}"
@@ -182,6 +213,23 @@ def _place_for_resume(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: No
         return JobResult(Outcome.FAILED, 1, message, time.time(),
                          Cause(Outcome.FAILED, "rank", rank, host, time=time.time()))
     return None
+
+
+def _bind_here(plan: LaunchPlan, node_rank: int,
+               console: Console) -> tuple[LaunchPlan, Optional[JobResult]]:
+    """``--bind-cores``: this node's ranks' cores, found on this host (node 0 cannot see its
+    cpuset or cards: ``launcher.binding``); the failed result when they cannot be had (a core
+    this host does not allow, numactl missing): nothing is started."""
+    try:
+        plan, notes = bind_node(plan, node_rank)
+    except LaunchError as e:
+        host = next((s.host for s in plan.on_node(node_rank)), "?")
+        message = f"npu-launch: job {plan.job_id}: {host}: {e.message}"
+        return plan, JobResult(Outcome.FAILED, e.exit_code, message, time.time(),
+                               Cause(Outcome.FAILED, "agent", None, host, time=time.time()))
+    for note in notes:
+        console.write_line(b"", note.encode())  # node 0 shows it as [host:agent]
+    return plan, None
 
 
 def _follow_stdin(ranks: LocalRanks, watch: Watch) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import difflib
+import io
 import os
 import sys
 from typing import Any, Iterator, Optional, Sequence
@@ -27,7 +28,8 @@ from parallel.config import ParallelConfig
 from launcher.rank_table_cli import rank_table
 from launcher.backends import TransportOptions
 from launcher.hostfile import read_hostfile, select_hosts
-from launcher.launch import launch
+from launcher.launch import launch, make_job
+from launcher import msrun_compat
 from launcher.preflight import render, run_preflight
 
 _FILE_ONLY_KEYS = ("script", "script_args")
@@ -73,17 +75,34 @@ def cli() -> None:
 @click.option("--job-id", type=str, help="Name of this job [default: time and a random tag].")
 @click.option("--console", "console_ranks", default="all", show_default=True,
               help="Ranks whose lines the console shows: all, none, or e.g. 0,3.")
+@click.option("--runtime-logs", is_flag=True,
+              help="Show MindSpore's own INFO and WARNING log lines on the console too (they "
+              "always go to the rank logs).")
+@click.option("--merge-lines/--no-merge-lines", default=True, show_default=True,
+              help="Show a line that several ranks print alike once, as [host:0-7] line.")
 @click.option("--kill-timeout", type=float, default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping processes.")
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True,
               help="Stop the job when a rank has not initialised communication by then (0: "
               "never).")
-@click.option("--hang-timeout", type=float, default=0.0, show_default=True,
-              help="Stop the job when ranks report no step for this long, naming the rank that "
-              "hangs (0: never).")
+@click.option("--hang-timeout", type=float, default=600.0, show_default=True,
+              help="Stop the job when ranks make no progress for this long, naming the rank "
+              "that hangs (0: never).")
+@click.option("--hang-grace", type=float, default=1800.0, show_default=True,
+              help="The same, before a rank's first step and after a checkpoint load (graph "
+              "compilation).")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="Restart the whole job after a failure, this many times at most (not after "
               "start-up errors).")
+@click.option("--bind-cores", metavar="auto|none|LIST", help="Bind each rank to CPU cores: "
+              "auto (each card's CPU affinity from npu-smi, else this host's allowed cores "
+              "split by local rank), none, or cores to split, e.g. 0-15 [default: none; auto "
+              "with --bind-numa].")
+@click.option("--bind-numa", is_flag=True, help="Also bind each rank's memory to the NUMA "
+              "nodes of its cores (needs numactl).")
+@click.option("--rank-table-timeout", type=float, help="In an operator's Kubernetes pod: "
+              "seconds to wait for its rank table to read completed (0: no limit) [default: "
+              "300].")
 @click.option("--debug", is_flag=True, help="One card in the foreground with this terminal, for "
               "pdb; no communication.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (processes, env, commands); start "
@@ -101,7 +120,8 @@ def cli() -> None:
               "(with --nnodes, --master-addr, --master-port).")
 @click.option("--launcher", "launcher_kind", type=click.Choice(["auto", "local", "ssh", "slurm",
               "mpi"]), default="auto", show_default=True, help="How node agents start: slurm "
-              "inside an allocation, else ssh with a hostfile, else local.")
+              "inside an allocation, else ssh with a hostfile, else local (in an operator's "
+              "Kubernetes pod: this pod's share; an explicit value turns that off).")
 @click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
 @click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments, e.g. "
               "'-F ~/.ssh/cluster_config' (repeatable).")
@@ -111,6 +131,11 @@ def cli() -> None:
 @click.option("--sync-workdir", is_flag=True, help="Copy the launch directory (logs left out, "
               "100 MiB at most) over ssh to the hosts that lack it or where preflight finds its "
               "files different.")
+@click.option("--checkpoint-collect/--no-checkpoint-collect", default=True, show_default=True,
+              help="Without shared storage, send node 0 what a restart needs (every slice of a "
+              "model- or pipeline-parallel checkpoint, one data-parallel replica if node 0 runs "
+              "no rank); --no-checkpoint-collect keeps files on their hosts (a wiped host then "
+              "fails a restart).")
 @click.option("--parallel", "parallel_mode", type=click.Choice(["data", "semi", "auto"]),
               help="Parallel mode the ranks apply (parallel.init) [default: data].")
 @click.option("--dp", type=int, help="Data-parallel size [default: world / (mp*pp)].")
@@ -163,6 +188,41 @@ cli.add_command(rank_table)
 cli.add_command(report)
 
 
+@cli.command("msrun", add_help_option=False, context_settings={
+    "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def msrun_command(argv: tuple[str, ...]) -> int:
+    """Run an msrun command line (msrun 2.10's options, as msrun spells them) the npu-launch
+    way; see npu-launch msrun --help."""
+    parsed = msrun_compat.parse(argv, run_option_arity())
+    if parsed.help:
+        click.echo(msrun_compat.HELP, nl=False)
+        return 0
+    config, translation = msrun_config(parsed)
+    with msrun_compat.in_msrun_words(parsed):
+        # Every check the launch makes, before the notes: a bad value stays one line.
+        make_job(config, os.environ, io.StringIO())
+        for note in translation.notes:
+            click.echo(f"npu-launch msrun: {note}", err=True)
+        return launch(config, os.environ, sys.stdout, sys.stderr)
+
+
+def msrun_config(parsed: msrun_compat.MsrunArgs
+                 ) -> tuple[LaunchConfig, msrun_compat.Translation]:
+    """The ``LaunchConfig`` ``npu-launch run`` builds from the msrun command line's translation."""
+    translation = msrun_compat.translate(parsed)
+    with msrun_compat.in_msrun_words(parsed), \
+            run_command.make_context("npu-launch msrun", list(translation.run_args)) as ctx:
+        config, _ = build_config(ctx, ctx.params)
+    return config, translation
+
+
+def run_option_arity() -> dict[str, bool]:
+    """``run``'s long options, each with whether it takes a value."""
+    return {name: not p.is_flag for p in run_command.params if isinstance(p, click.Option)
+            for name in (*p.opts, *p.secondary_opts) if name.startswith("--")}
+
+
 def build_config(ctx: click.Context, options: dict[str, Any]
                  ) -> tuple[LaunchConfig, dict[str, str]]:
     """Options (and the ``--config`` file under them) -> a checked ``LaunchConfig``, and the
@@ -203,6 +263,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         log_dir=options["log_dir"],
         job_id=options["job_id"],
         console=ConsoleFilter.parse(options["console_ranks"]),
+        runtime_logs=options["runtime_logs"], merge_lines=options["merge_lines"],
         kill_timeout=options["kill_timeout"],
         startup_timeout=options["startup_timeout"],
         debug=options["debug"],
@@ -211,6 +272,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         env=parse_env_pairs(options["env_pairs"]),
         python=sys.executable,
         workdir=_working_dir(),
+        checkpoint_collect=options["checkpoint_collect"],
         hostfile=options["hostfile"],
         include=options["include"],
         exclude=options["exclude"],
@@ -224,7 +286,11 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         sync_workdir=options["sync_workdir"],
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
+        hang_grace=options["hang_grace"],
         max_restarts=options["max_restarts"],
+        bind_cores=options["bind_cores"],
+        bind_numa=options["bind_numa"],
+        rank_table_timeout=options["rank_table_timeout"],
         parallel=_parallel_config(options, section),
     )
 

@@ -21,7 +21,6 @@ from launcher.failures import Cause, JobResult, Outcome, exit_code_of, last_line
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import Stall
 from launcher.watch import Reporter, Watch
 from parallel.contract import Event
 
@@ -97,9 +96,6 @@ class NodeAgents:
             return Outcome.SUCCEEDED
         return None
 
-    def stall(self) -> Optional[Stall]:
-        return None  # each agent's own StallWatch reports a hang as its failed result
-
     def before_close(self, group: ProcessGroup, outcome: Outcome) -> None:
         pass
 
@@ -138,7 +134,8 @@ class NodeAgents:
             rank = int(match.group(2))
             self._logs.write(rank, line[match.end():])
             if self._filter.shows(rank):
-                self._console.write_line(b"", line)
+                self._console.rank_line(match.group(1).decode(errors="replace"), rank,
+                                        line[match.end():])
         return sink
 
     def _on_control(self, message: Optional[control.Message]) -> None:

@@ -14,6 +14,7 @@ import yaml
 
 from launcher import limits
 from parallel import contract
+from launcher.binding import check_options as check_binding
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from launcher.limits import shown
@@ -70,6 +71,8 @@ class LaunchConfig:
     log_dir: Optional[str] = None
     job_id: Optional[str] = None
     console: ConsoleFilter = ConsoleFilter()
+    runtime_logs: bool = False
+    merge_lines: bool = True
     kill_timeout: float = 5.0
     startup_timeout: float = 300.0
     debug: bool = False
@@ -78,6 +81,10 @@ class LaunchConfig:
     env: tuple[tuple[str, str], ...] = ()
     python: str = ""
     workdir: str = ""
+    checkpoint_collect: bool = True
+    """Node 0 gathers what a restart needs from hosts that share no storage with it
+    (``launcher.collect``); off (``--no-checkpoint-collect``), files stay on their hosts and
+    are only tracked."""
     hostfile: Optional[str] = None
     include: Optional[str] = None
     exclude: Optional[str] = None
@@ -90,8 +97,16 @@ class LaunchConfig:
     preflight: bool = True
     sync_workdir: bool = False
     server_id: Optional[str] = None
-    hang_timeout: float = 0.0
+    hang_timeout: float = 600.0
+    hang_grace: float = 1800.0
     max_restarts: int = 0
+    bind_cores: Optional[str] = None
+    """``--bind-cores``: ``auto``, ``none`` or a CPU list (``launcher.binding``); None: not
+    given (none, or auto with ``--bind-numa``)."""
+    bind_numa: bool = False
+    rank_table_timeout: Optional[float] = None
+    """``--rank-table-timeout``: in an operator's Kubernetes pod, seconds to wait for its rank
+    table to read ``completed`` (``launcher.pods``; None: not given, the default)."""
     parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
@@ -106,6 +121,7 @@ class LaunchConfig:
             _check_text(f"--env {key}", value)
         for arg in self.script_args:
             _check_text("a script argument", arg)
+        check_binding(self.bind_cores, self.bind_numa, self.env)
 
     def _check_script(self) -> None:
         if not self.script:
@@ -127,7 +143,9 @@ class LaunchConfig:
         _check_range("--max-restarts", self.max_restarts, 0, limits.MAX_RESTARTS, "restarts")
         for option, seconds in (("--kill-timeout", self.kill_timeout),
                                 ("--startup-timeout", self.startup_timeout),
-                                ("--hang-timeout", self.hang_timeout)):
+                                ("--hang-timeout", self.hang_timeout),
+                                ("--hang-grace", self.hang_grace),
+                                ("--rank-table-timeout", self.rank_table_timeout or 0.0)):
             if not 0 <= seconds <= limits.MAX_TIMEOUT:  # also refuses nan
                 raise ConfigError(f"{option} {seconds}: expected seconds between 0 and "
                                   f"{limits.MAX_TIMEOUT:.0f} (a week)")

@@ -11,11 +11,13 @@ import enum
 import json
 import os
 import signal
+import time
 from typing import Any, Collection, Mapping, Optional, Sequence
 
 from launcher.output import tail
 from launcher.plan import ProcessSpec
 from launcher.process import Exit
+from launcher.stalls import Stall
 
 LOG_TAIL_LINES = 15
 
@@ -109,7 +111,8 @@ class Cause:
 
     ``process`` is ``rank``, ``scheduler`` or ``agent`` (with ``host``, ``pid``, ``returncode``
     and, from a rank's error report, ``exception`` and ``error``); ``ranks`` the ranks stuck at
-    start-up, or waiting on a stalled one; ``signal`` what stopped the launcher.
+    start-up, or waiting on a stalled one; ``signal`` what stopped the launcher;
+    ``consequence`` the failure a stalled rank caused (a peer's communication timeout).
     """
 
     outcome: Outcome
@@ -123,18 +126,22 @@ class Cause:
     ranks: tuple[int, ...] = ()
     signal: Optional[str] = None
     time: Optional[float] = None
+    consequence: Optional["Cause"] = None
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "outcome": self.outcome.value,
-                "ranks": list(self.ranks)}
+                "ranks": list(self.ranks),
+                "consequence": self.consequence.to_json() if self.consequence else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Cause":
         """The inverse of ``to_json`` (a node agent's result, as node 0 reads it)."""
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names}
+        consequence = fields.get("consequence")
         return cls(**{**fields, "outcome": Outcome(fields["outcome"]),
-                      "ranks": tuple(fields.get("ranks") or ())})
+                      "ranks": tuple(fields.get("ranks") or ()),
+                      "consequence": cls.from_json(consequence) if consequence else None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +176,13 @@ class JobResult:
         return self.cause.time if self.cause and self.cause.time is not None else self.ended_at
 
 
+def stall_cause(stall: Stall, consequence: Optional[Cause] = None) -> Cause:
+    """The root cause of a hang: the stalled rank (None: every rank waits in MindSpore), the
+    ranks waiting on it, and what its stall made fail."""
+    return Cause(Outcome.STALLED, "rank" if stall.rank is not None else None, stall.rank,
+                 stall.host, ranks=stall.waiting, time=time.time(), consequence=consequence)
+
+
 def root_cause(failures: Sequence[Failure]) -> Optional[Failure]:
     """The earliest failure (error-report time where there is one, else the exit time)."""
     return min(failures, key=lambda f: f.time, default=None)
@@ -195,8 +209,9 @@ def last_lines_block(path: str, count: int) -> list[str]:
 
 
 def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_id: str,
-                   waited: float) -> str:
-    """The block for ranks that had not initialised communication when the time was up."""
+                   waited: float, stacks: Mapping[int, Sequence[str]] = {}) -> str:
+    """The block for ranks that had not initialised communication when the time was up: where
+    each is (its stack, read before it was stopped) and its last lines."""
     never = [s for s in specs if s.rank not in in_init]
     waiting = [s for s in specs if s.rank in in_init]
     parts = []
@@ -207,6 +222,10 @@ def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_i
     lines = [f"npu-launch: job {job_id} stopped after {waited:g} s (--startup-timeout): "
              + "; ".join(parts)]
     for spec in (never or waiting)[:4]:
+        frames = stacks.get(spec.rank) if spec.rank is not None else None
+        if frames:
+            lines.append(f"  rank {spec.rank} is at (most recent call first):")
+            lines += [f"    {frame}" for frame in frames[:6]]
         lines += last_lines_block(spec.log_path, 5)
     return "\n".join(lines)
 

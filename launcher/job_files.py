@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import stat
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Sequence
@@ -19,6 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Sequenc
 from launcher.errors import LaunchError
 from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN,
                              whole_number)
+from launcher import startup
 from launcher.monitor import JobState, build_summary, exec_mode_of
 from parallel.contract import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from parallel.config import ExecMode
@@ -279,6 +281,8 @@ class JobSummary:
     checkpoint_files: int
     checkpoint_steps: tuple[int, ...]
     ranks: tuple[RankRow, ...]
+    phases: tuple[tuple[str, float, int, float], ...] = ()
+    """(phase, the slowest rank's seconds, that rank, the median): ``launcher.startup``."""
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any], file: str, notes: Notes) -> tuple["JobSummary", int]:
@@ -294,8 +298,23 @@ class JobSummary:
                       duration_s=fields.get("duration_s", _real), world_size=fields.get("world_size", _whole),
                       global_samples_per_s=fields.get("global_samples_per_s", _real),
                       last_step=fields.get("last_step", _whole), checkpoint_files=len(checkpoints),
-                      checkpoint_steps=tuple(sorted(s for s in steps if s is not None)), ranks=ranks)
+                      checkpoint_steps=tuple(sorted(s for s in steps if s is not None)), ranks=ranks,
+                      phases=_phases(fields.object("phases")))
         return summary, fields.read
+
+
+def _phases(doc: Optional[Mapping[str, Any]]) -> tuple[tuple[str, float, int, float], ...]:
+    """The phases ``startup.job_phases`` wrote; one that is not as it writes them is left out."""
+    found = []
+    for name, seconds, rank, median in startup.rows(doc or {}):
+        if _is_number(seconds) and _is_number(median) and isinstance(rank, int) \
+                and not isinstance(rank, bool):
+            found.append((name, float(seconds), rank, float(median)))
+    return tuple(found)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # metrics.jsonl as typed records -----------------------------------------------------------------

@@ -18,21 +18,24 @@ import socket
 import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher import ports
+from launcher import pods, ports
 from parallel import contract
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh import SshBackend
+from launcher.binding import bind_node
 from launcher.checkpoints import CheckpointLedger
 from launcher.cluster import run_agents
+from launcher.console_lines import RankLines
+from launcher.collect import launcher_node, mark_storage
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
-from launcher.failures import JobResult, Outcome
+from launcher.failures import JobResult, Outcome, stall_cause
 from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
@@ -42,7 +45,8 @@ from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_pl
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
-from launcher.stalls import FallingBehind, Stall
+from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Limits, StackSample, Stall,
+                             describe_stall, native_path, stalled_before)
 from launcher.supervisor import print_message, run_local
 from launcher.workdir_sync import LaunchDir, sync_stale_hosts
 from parallel.contract import Event
@@ -60,12 +64,16 @@ class Job:
     """``--rank-table auto``: written to the plan's ``RANK_TABLE_FILE`` when the job runs."""
     before_start: Optional[Callable[[], None]] = None
     """Done once every check passed, before anything starts (``--sync-workdir``'s copy)."""
+    pod: Optional[pods.Pod] = None
+    """The operator's Kubernetes pod this node's share runs in (``launcher.pods``)."""
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code."""
     job = make_job(config, environ, err)
     if config.dry_run:
+        if job.pod is not None and not config.json:
+            out.write(f"detected: {job.pod.describe()}\n")
         out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
         return 0
     lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
@@ -80,19 +88,25 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, out, err)
-    behind = FallingBehind(monitor.rank_states, config.hang_timeout) \
+    hangs = HangCheck(monitor.rank_states, Limits(config.hang_timeout, config.hang_grace)) \
         if config.hang_timeout > 0 else None
-    ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated)
+    ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated,
+                              job.plan.collect_ranks, monitor.on_collected,
+                              agents=job.backend is not None)
     result: Optional[JobResult] = None
+    console = _console(job, config, out)
     try:
-        result = run_with_restarts(job, config, environ, Console(out.buffer),
-                                   Attempts(monitor, ledger, behind), err)
-        note = monitor.checkpoint_note()
-        if note is not None:
-            result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
+        result = run_with_restarts(job, config, environ, console,
+                                   Attempts(monitor, ledger, hangs, _stack_paths(job.plan)),
+                                   err)
+        for note in (monitor.phases_note(), monitor.checkpoint_note()):
+            if note is not None:
+                result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
         return result
     finally:
-        stall = behind.first if behind else None
+        console.close()
+        stall = hangs.first if hangs else None
+        monitor.storage_found(ledger.storage)
         if result is None:
             monitor.close("error", 1, "npu-launch itself failed", stall)
         else:
@@ -108,7 +122,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     knows complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it."""
     while True:
         attempt = attempts.begin()
-        result = run_job(job, config, environ, console, attempt)
+        result = attempt.blame(run_job(job, config, environ, console, attempt))
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
         again = job.plan.restart + 1
         if not restartable or again > config.max_restarts or not attempt.all_of(job.plan):
@@ -122,37 +136,44 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class Attempts:
-    """What outlives one attempt of the job: the monitor, the checkpoint ledger, the
-    fall-behind check."""
+    """What outlives one attempt of the job: the monitor, the checkpoint ledger, the hang
+    check, and where node 0 keeps each rank's stacks."""
 
     monitor: JobMonitor
     ledger: CheckpointLedger
-    behind: Optional[FallingBehind] = None
+    hangs: Optional[HangCheck] = None
+    stack_paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
     def begin(self) -> "Attempt":
-        return Attempt(self.monitor, self.behind, self.ledger)
+        return Attempt(self.monitor, self.hangs, self.ledger, self.stack_paths)
 
 
 class Attempt:
     """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
-    monitor and checkpoint events to the ledger, which ranks initialised is remembered, and
-    ``tick`` redraws the display and says whether a rank fell behind."""
+    monitor, checkpoint events to the ledger, stack samples to the hang check and to node 0's
+    copy of the rank's stack file; which ranks initialised is remembered; ``tick`` redraws the
+    display and says whether the job hangs; ``blame`` names a stalled rank as the root cause
+    of a failure it caused."""
 
-    def __init__(self, monitor: JobMonitor, behind: Optional[FallingBehind] = None,
-                 ledger: Optional[CheckpointLedger] = None) -> None:
+    def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
+                 ledger: Optional[CheckpointLedger] = None,
+                 stack_paths: Mapping[int, str] = {}) -> None:
         self.monitor = monitor
-        self.behind = behind
+        self.hangs = hangs
         self.ledger = ledger
+        self._stack_paths = stack_paths
         self.initialised: set[int] = set()
         monitor.begin_attempt()
-        if behind is not None:
-            behind.begin_attempt()
+        if hangs is not None:
+            hangs.begin_attempt()
 
     def event(self, event: Event) -> None:
         if event.kind == contract.EVENT_INITIALISED:
             self.initialised.add(event.rank)
         elif event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
             self.ledger.record(event)
+        elif event.kind == contract.EVENT_STACK:
+            self._keep_stack(event)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -160,10 +181,67 @@ class Attempt:
 
     def tick(self) -> Optional[Stall]:
         self.monitor.tick()
-        return self.behind() if self.behind is not None else None
+        return self.hangs() if self.hangs is not None else None
 
     def all_of(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.initialised
+
+    def blame(self, result: JobResult) -> JobResult:
+        """``result``, or, when its failed rank was waiting on one that had stopped making
+        progress (a communication timeout, say), the hang of that one, with the failure told
+        as its consequence."""
+        cause = result.cause
+        if result.outcome is not Outcome.FAILED or cause is None or cause.rank is None \
+                or cause.process != "rank":
+            return result
+        stall = stalled_before(self.monitor.rank_states(), cause.rank, cause.time or time.time())
+        if stall is None:
+            return result
+        block = describe_stall(stall, self.monitor.job_id)
+        consequence = "\n".join("  " + line for line in result.message.splitlines()[:12])
+        message = (f"{block}\n  rank {cause.rank}'s failure followed from it (it waited on rank "
+                   f"{stall.rank}):\n{consequence}")
+        return JobResult(Outcome.STALLED, HANG_EXIT_CODE, message, result.ended_at,
+                         stall_cause(stall, consequence=cause))
+
+    def _keep_stack(self, event: Event) -> None:
+        """A node's stack sample: for the hang check, and in node 0's log directory (the files
+        on the rank's own host, when that is this one, already hold the same)."""
+        if self.hangs is not None:
+            self.hangs.sample(StackSample.of(event))
+        path = self._stack_paths.get(event.rank)
+        if path is not None:
+            for target, field in ((path, "text"), (native_path(path), "native")):
+                text = event.record.get(field)
+                if isinstance(text, str) and text:
+                    _write_if_changed(target, text)
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    try:
+        with open(path, errors="replace") as f:
+            if f.read(len(text) + 1) == text:
+                return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _console(job: Job, config: LaunchConfig, out: TextIO) -> Console:
+    """Node 0's console: rank lines without MindSpore's chatter, alike lines merged."""
+    shown = config.console.ranks
+    count = len(shown) if shown is not None else job.plan.world_size
+    console = Console(out.buffer)
+    console.show_rank_lines(RankLines(console.write_line, count, config.merge_lines,
+                                      config.runtime_logs))
+    return console
+
+
+def _stack_paths(plan: LaunchPlan) -> dict[int, str]:
+    return {spec.rank: spec.stack_path for spec in plan.ranks
+            if spec.rank is not None and spec.stack_path}
 
 
 def _monitor(job: Job, out: TextIO, err: TextIO) -> JobMonitor:
@@ -201,8 +279,10 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         _write_plan(plan)
         return run_local(plan, environ, job.node_rank, console, config.console, attempt)
     prepare_dirs(plan.log_dir)
+    mark_storage(plan.log_dir, plan.token)  # before any agent looks for it
     replicas = plan.resume.replicas if plan.resume else {}
-    with serving(b"", plan.master_addr, replicas, attempt.monitor.on_transfer) as served:
+    with serving(b"", plan.master_addr, replicas, attempt.monitor.on_transfer,
+                 attempt.ledger) as served:
         payload = payload_for(plan, served)
         served.payload = payload
         agents = job.backend.agent_launches(plan, payload, served)
@@ -218,11 +298,18 @@ def _write_plan(plan: LaunchPlan) -> None:
 
 def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     """Everything that must be true before a process starts is checked here."""
+    pod = pods.detect(config, environ)  # an operator's pod: this node's share, as it says
+    if pod is not None:
+        config = pods.node_config(config, pod)
     kind = choose_kind(LauncherKind(config.launcher), environ, bool(config.hostfile))
     _check_for_kind(config, kind)
     notes = io.StringIO()  # said only once the job is known to be good: an error is one line
     if kind is LauncherKind.LOCAL:
-        job = _local_job(config, environ, notes)
+        job = _pod_job(config, environ, pod, notes, err) if pod is not None \
+            else _local_job(config, environ, notes)
+        plan, bound = bind_node(job.plan, job.node_rank)  # agents bind their own host's ranks
+        notes.writelines(f"npu-launch: {line}\n" for line in bound)
+        job = dataclasses.replace(job, plan=plan)
     else:
         job = _cluster_job(config, kind, environ, err)
     check_log_dir(job.plan.log_dir)
@@ -242,6 +329,9 @@ def _check_for_kind(config: LaunchConfig, kind: LauncherKind) -> None:
         raise ConfigError(f"--ssh-port/--ssh-option: this job starts "
                           f"{'with srun' if kind is LauncherKind.SLURM else 'on this host'}, "
                           "not over ssh")
+    if kind is LauncherKind.LOCAL and not config.checkpoint_collect:
+        raise ConfigError("--no-checkpoint-collect: this job starts no node agents, so every "
+                          "checkpoint is on this host already")
     if kind is LauncherKind.LOCAL and (config.nnodes or 1) > 1 and config.node_rank is None:
         raise ConfigError(f"--nnodes {config.nnodes} without --hostfile: a job started by hand "
                           "needs --node-rank, --master-addr and --master-port on every node "
@@ -259,6 +349,27 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     master_addr = config.master_addr or "127.0.0.1"
     port = _master_port(config, master_addr, check=node_rank == 0)
     return Job(_plan(config, environ, nodes, device, master_addr, port, {}), None, node_rank)
+
+
+def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, notes: TextIO,
+             err: TextIO) -> Job:
+    """This pod's share of the job its operator placed (``launcher.pods``), as by hand; the
+    scheduler's port is checked only where it runs, and the ranks wait for the operator's
+    rank table (``before_start``)."""
+    pod = pods.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
+    if not config.dry_run or config.json:  # a dry run's plan starts with it
+        notes.write(f"npu-launch: detected: {pod.describe()}\n")
+    if pod.node_rank is None:  # the scheduler's own pod: it needs no cards
+        device = resolve_kind(DeviceKind.AUTO, find_cards(environ))
+        cards = tuple(Card(i, i) for i in range(config.cards or 1))
+    else:
+        device, cards = _local_cards(config, environ, notes)
+    here = pod.node_rank or 0
+    nodes = tuple(Node(socket.gethostname() if i == here else f"node{i}", i, cards)
+                  for i in range(pod.nnodes))
+    port = _master_port(config, pod.master_addr, check=pod.hosts_scheduler)
+    plan = pods.share(_plan(config, environ, nodes, device, pod.master_addr, port, {}), pod)
+    return Job(plan, None, here, before_start=pods.table_wait(pod, config, err), pod=pod)
 
 
 def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
@@ -293,8 +404,9 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
                   for i, h in enumerate(hosts))
     master_addr = config.master_addr or _address_of(hosts[0].host)
     extra = forwarded_env(environ, config.workdir)
-    return Job(_plan(config, environ, nodes, device, master_addr, port, extra, agents=True),
-               backend, 0, before_start=sync)
+    here = launcher_node([h.host for h in hosts])
+    return Job(_plan(config, environ, nodes, device, master_addr, port, extra, agents=True,
+                     launcher_node=here), backend, 0, before_start=sync)
 
 
 def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
@@ -382,7 +494,8 @@ class TableLayout:
 
 def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
           device: DeviceKind, master_addr: str, port: int, extra: Mapping[str, str],
-          table: Optional[TableLayout] = None, agents: bool = False) -> LaunchPlan:
+          table: Optional[TableLayout] = None, agents: bool = False,
+          launcher_node: Optional[int] = None) -> LaunchPlan:
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
@@ -398,7 +511,7 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
         assignments=table.assignments if table else None, rank_table_path=table_path,
         world_size=world, agents=agents, token=secrets.token_hex(16),
-        replicated=not parallel.needs_ascend,
+        replicated=not parallel.needs_ascend, launcher_node=launcher_node,
     )
     return build_plan(config, inputs)
 

@@ -29,6 +29,8 @@ MAX_NODES = 1024
 MAX_TIMEOUT = 7 * 24 * 3600.0
 """Seconds: the longest timeout that is not a typo (a week)."""
 MAX_RESTARTS = 1000
+MAX_CPU_ID = 8191
+"""``--bind-cores``: the highest core number (Linux numbers at most 8192 CPUs, NR_CPUS)."""
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """An environment variable a user may name: ASCII, as POSIX shells accept."""

@@ -17,9 +17,11 @@ is not GRAPH_MODE everywhere (PyNative is about 2x slower, worth a look). A rank
 one it reported: ``initialised`` says what ``init()`` chose, the trainer's first ``step`` and its
 ``finished`` what the train step ran in.
 
-The stall check (``stalls.FallingBehind``) reads ``rank_states``: its times are the monitor's
-clock when a record arrived (``progress_at``, ``stepped_at``), not the rank's own ``time``, so
-clock skew between hosts cannot fake or hide a stall.
+The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress``
+(``stalls.RankProgress``) holds the monitor's clock when a record arrived, not the rank's own
+``time``, so clock skew between hosts cannot fake or hide a stall. The rank hook's ``progress``
+events and the supervisors' ``stack`` samples feed that check only: they are not written to
+metrics.jsonl (twice a second per rank, and up to 64 KB each) and are not a rank's last event.
 
 Every method holds one lock, so remote records may arrive from another thread. ``close`` belongs
 in the supervisor's ``finally``: until it runs, a terminal keeps the scroll region.
@@ -35,7 +37,9 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO, TypeVar
 
 from launcher.failures import Cause
-from launcher.stalls import Stall
+from launcher.stalls import RankProgress, Stall
+from launcher.console_lines import runs_text
+from launcher.startup import Marks, describe, job_phases
 from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
@@ -94,8 +98,8 @@ class RankState:
     last_event: str = ""
     last_event_time: Optional[float] = None
     seen_at: Optional[float] = None
-    progress_at: Optional[float] = None
-    stepped_at: Optional[float] = None
+    progress: RankProgress = dataclasses.field(default_factory=RankProgress)
+    marks: Marks = dataclasses.field(default_factory=Marks)
     finished: bool = False
     exited: bool = False
     exit_code: Optional[int] = None
@@ -119,7 +123,8 @@ class RankState:
                 "exec_mode": self.exec_mode.value if self.exec_mode else None,
                 "eval": dataclasses.asdict(last) if last else None,
                 "evals": [dataclasses.asdict(e) for e in self.evals],
-                "last_event": self.last_event, "last_event_time": self.last_event_time}
+                "last_event": self.last_event, "last_event_time": self.last_event_time,
+                "phases": self.marks.phases()}
 
 
 class JobState:
@@ -130,10 +135,19 @@ class JobState:
         self.checkpoints: list[dict[str, Any]] = []
         self.transferred: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
         """Checkpoint files node 0 sent to hosts that lacked them, for a resume."""
+        self.collected: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        """Checkpoint files the agents sent node 0 (``launcher.collect``)."""
+        self.storage: Optional[str] = None
+        """``shared`` or ``private``: whether node 0 found every rank's files (the ledger's
+        ``storage``)."""
 
     def apply(self, event: Event, seen_at: float) -> None:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
         state = self._rank(event.rank, event.host)
+        state.marks.observe(event)
+        if event.kind in _LIVENESS:
+            state.progress.observe(event, seen_at)
+            return
         if event.kind == EVENT_EXITED:
             state.exited, state.exit_code = True, event.returncode
             return
@@ -141,6 +155,7 @@ class JobState:
         state.last_event_time = event.time
         if event.exec_mode is not None:  # few events say; a failed Enum lookup costs an exception
             state.exec_mode = exec_mode_of(event.exec_mode) or state.exec_mode
+        state.progress.observe(event, seen_at)
         handler = _HANDLERS.get(event.kind)
         if handler is not None:
             handler(self, state, event, seen_at)
@@ -150,12 +165,15 @@ class JobState:
         rates = [s.samples_per_s for s in self.ranks.values() if s.samples_per_s is not None]
         steps = [s.step for s in self.ranks.values() if s.step is not None]
         complete = self.complete_steps()
+        ranks = [s.to_summary() for s in self.ranks.values()]
         return {"world_size": len(self.ranks),
                 "global_samples_per_s": sum(rates) if rates else None,
                 "last_step": max(steps, default=None),
-                "ranks": [s.to_summary() for s in self.ranks.values()],
+                "phases": job_phases({r["rank"]: r["phases"] for r in ranks}),
+                "ranks": ranks,
                 "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
-                "complete_steps": complete, "checkpoints_sent": dict(self.transferred)}
+                "complete_steps": complete, "checkpoints_sent": dict(self.transferred),
+                "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage}
 
     def complete_steps(self) -> list[int]:
         """Steps every rank of the job reported a checkpoint of (on whatever host)."""
@@ -172,17 +190,11 @@ class JobState:
         return self.ranks[rank]
 
 
-def _on_initialised(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    if state.progress_at is None:
-        state.progress_at = seen_at
-
-
 def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
     state.step = _either(event.step, state.step)
     state.epoch = _either(event.epoch, state.epoch)
     state.loss = _either(event.loss, state.loss)
     state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)
-    state.progress_at = state.stepped_at = seen_at
 
 
 def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
@@ -209,8 +221,10 @@ def _either(new: Optional[T], old: Optional[T]) -> Optional[T]:
     return old if new is None else new
 
 
+_LIVENESS = frozenset((contract.EVENT_PROGRESS, contract.EVENT_STACK))
+"""Events for the hang check alone (see the module's docstring)."""
+
 _HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
-    contract.EVENT_INITIALISED: _on_initialised,
     contract.EVENT_STEP: _on_step,
     contract.EVENT_CHECKPOINT: _on_checkpoint,
     contract.EVENT_FINISHED: _on_finished,
@@ -281,13 +295,7 @@ def describe_modes(modes: Mapping[int, Optional[ExecMode]]) -> Optional[str]:
 
 def _ranks_text(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0-2, 5``, from sorted ranks."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    text = runs_text(ranks, ", ")
     return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
@@ -373,7 +381,7 @@ class _Footer:
 
 class JobMonitor:
     """Per-rank state of a running job, its metrics file and status display (the stall check,
-    ``stalls.FallingBehind``, reads ``rank_states``)."""
+    ``stalls.HangCheck``, reads ``rank_states``)."""
 
     def __init__(self, log_dir: str, job_id: str, ranks: Mapping[int, str], stream: TextIO,
                  live: bool,
@@ -395,11 +403,19 @@ class JobMonitor:
         self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
                       "ranks": {str(r): h for r, h in sorted(ranks.items())}})
 
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
     def on_event(self, event: Event) -> None:
         """Append the event's record to metrics.jsonl and fold it into the rank's state."""
         with self._lock:
-            self._append(event.record)
             self._state.apply(event, self._clock())
+            if event.kind == EVENT_EXITED:  # progress events are not kept: say when the last was
+                last = self._state.ranks[event.rank].marks.last_progress
+                self._append({**event.record, "last_progress": last})
+            elif event.kind not in _LIVENESS:
+                self._append(event.record)
             if event.kind in (contract.EVENT_STEP, contract.EVENT_EVAL):
                 self._news_since_status = True
 
@@ -418,17 +434,32 @@ class JobMonitor:
         what it reported before (steps, losses, evaluations) stays for the summary."""
         with self._lock:
             for state in self._state.ranks.values():
-                state.progress_at = state.stepped_at = None
+                state.progress = RankProgress()
+                state.marks = Marks()
                 state.finished = state.exited = False
                 state.exit_code = None
 
     def on_transfer(self, size: int, seconds: float) -> None:
         """Node 0 sent ``size`` bytes of checkpoint to a node that lacked them (any thread)."""
         with self._lock:
-            moved = self._state.transferred
-            moved["files"] += 1
-            moved["bytes"] += size
-            moved["seconds"] += seconds
+            _count(self._state.transferred, size, seconds)
+
+    def on_collected(self, size: int, seconds: float) -> None:
+        """An agent sent node 0 a checkpoint file of ``size`` bytes, in place after
+        ``seconds`` (any thread)."""
+        with self._lock:
+            _count(self._state.collected, size, seconds)
+
+    def storage_found(self, storage: Optional[str]) -> None:
+        """What the ledger found of node 0's view of the ranks' files (``shared``,
+        ``private``, or None: no step of several hosts completed)."""
+        with self._lock:
+            self._state.storage = storage
+
+    def phases_note(self) -> Optional[str]:
+        """The line that says where the ranks' time went (``launcher.startup``)."""
+        with self._lock:
+            return describe(self._state.summary()["phases"])
 
     def checkpoint_note(self) -> Optional[str]:
         """A line for a job that wrote checkpoints but completed none, else None."""
@@ -441,9 +472,10 @@ class JobMonitor:
                 "none is complete to resume from")
 
     def rank_states(self) -> list[RankState]:
-        """A copy of every rank's state, for the stall check (``stalls.FallingBehind``)."""
+        """A copy of every rank's state, for the stall check (``stalls.HangCheck``)."""
         with self._lock:
-            return [dataclasses.replace(s) for s in self._state.ranks.values()]
+            return [dataclasses.replace(s, progress=dataclasses.replace(s.progress))
+                    for s in self._state.ranks.values()]
 
     def close(self, outcome: str, exit_code: int, message: str = "",
               stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict:
@@ -496,6 +528,12 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
             "root_cause": cause.to_json() if cause else None,
             "started_at": started, "ended_at": ended, "duration_s": duration,
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
+
+
+def _count(moved: dict[str, Any], size: int, seconds: float) -> None:
+    moved["files"] += 1
+    moved["bytes"] += size
+    moved["seconds"] += seconds
 
 
 def _write(stream: TextIO, text: str) -> None:

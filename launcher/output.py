@@ -12,20 +12,53 @@ import os
 import select
 import threading
 import time
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Optional, Protocol
 
 LineSink = Callable[[bytes], None]
+
+
+class RankLinesView(Protocol):
+    """``console_lines.RankLines`` as the console uses it."""
+
+    def show(self, host: str, rank: int, line: bytes) -> None: ...
+
+    def close(self) -> None: ...
 
 _READ_SIZE = 65536
 _PARTIAL_LINE_DELAY = 1.0
 
 
 class Console:
-    """The launcher's stdout, shared by every pump."""
+    """The launcher's stdout, shared by every pump. Once given a view of rank lines (node 0's
+    console: ``console_lines.RankLines``, writing through ``write_line``), rank lines are
+    filtered and merged on their way."""
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self._rank_lines: Optional[RankLinesView] = None
+
+    def show_rank_lines(self, view: "RankLinesView") -> None:
+        self._rank_lines = view
+
+    def rank_sink(self, host: str, rank: int) -> LineSink:
+        """Where a rank's lines go to be shown as ``[host:rank] line``."""
+        if self._rank_lines is None:
+            return self.sink(f"{host}:{rank}")
+        view = self._rank_lines
+        return lambda line: view.show(host, rank, line)
+
+    def rank_line(self, host: str, rank: int, line: bytes) -> None:
+        """One line of a rank that reached node 0 already split off its ``[host:rank]``."""
+        if self._rank_lines is None:
+            self.write_line(f"[{host}:{rank}] ".encode(), line)
+        else:
+            self._rank_lines.show(host, rank, line)
+
+    def close(self) -> None:
+        """Show whatever rank lines still wait to be merged."""
+        if self._rank_lines is not None:
+            self._rank_lines.close()
 
     def write_line(self, prefix: bytes, line: bytes) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ import shlex
 from typing import Any, Mapping, Optional, Sequence
 
 from parallel import contract
+from launcher.binding import Binding, planned
 from launcher.checkpoints import ResumePoint
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
@@ -79,12 +80,20 @@ class ProcessSpec:
     and its stack dump."""
     error_path: str = ""
     stack_path: str = ""
+    binding: Optional[Binding] = None
+    """``--bind-cores``: the rank's rule, and its cores once found on its host
+    (``launcher.binding``); None: not bound."""
 
     @property
     def label(self) -> str:
         """``host:rank`` as the console prefix shows it (``host:sched``, ``host:agent``)."""
         names = {Role.RANK: str(self.rank), Role.SCHEDULER: "sched", Role.AGENT: "agent"}
         return f"{self.host}:{names[self.role]}"
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The argv as started: under taskset or numactl when the rank is bound."""
+        return self.binding.wrap(self.argv) if self.binding is not None else self.argv
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -95,12 +104,14 @@ class ProcessSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Timeouts:
-    """How every node's supervisor waits: ``--kill-timeout``, ``--startup-timeout`` and
-    ``--hang-timeout`` (0: never), carried in the plan so agents get them with it."""
+    """How every node's supervisor waits: ``--kill-timeout``, ``--startup-timeout``,
+    ``--hang-timeout`` (0: never) and ``--hang-grace``, carried in the plan so agents get them
+    with it."""
 
     kill: float = 5.0
     startup: float = 300.0
-    hang: float = 0.0
+    hang: float = 600.0
+    hang_grace: float = 1800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +143,10 @@ class LaunchPlan:
     resume: Optional[ResumePoint] = None
     """The complete step a restart resumes from (node 0's ledger); ranks see its step as
     ``contract.RESUME_STEP``, and every node puts the manifest beside its ranks' files."""
+    collect_ranks: tuple[int, ...] = ()
+    """Ranks whose checkpoint files their agents send to node 0 as they are written
+    (``launcher.collect``): a sliced layout's every rank not on the launcher's host; in data
+    parallelism none, or the lowest rank when the launcher's host runs no rank."""
 
     def restarted(self, attempt: int, resume: Optional[ResumePoint] = None) -> "LaunchPlan":
         """This job again, as its ``attempt``-th restart, resuming from ``resume``."""
@@ -166,6 +181,7 @@ class LaunchPlan:
         data["ranks"] = tuple(_spec_from_dict(r) for r in data["ranks"])
         data["timeouts"] = Timeouts(**data.get("timeouts", {}))
         data["resume"] = ResumePoint.from_dict(data["resume"]) if data.get("resume") else None
+        data["collect_ranks"] = tuple(int(r) for r in data.get("collect_ranks", ()))
         return cls(**data)
 
     def render(self) -> str:
@@ -182,12 +198,17 @@ def _render_process(spec: ProcessSpec) -> str:
     who = f"rank {spec.rank}" if spec.role is Role.RANK else spec.role.value
     device = "" if spec.device_id is None else f"  device {spec.device_id}"
     env = "\n".join(f"    {k}={v}" for k, v in sorted(spec.env.items()))
-    return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n  env:\n{env}\n"
-            f"  cmd: {shlex.join(spec.argv)}")
+    bound = spec.binding
+    cores = "" if bound is None else f"  {bound.describe(spec.host)}\n"
+    argv = spec.command if bound is None or bound.resolved else spec.argv
+    return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n{cores}  env:\n{env}\n"
+            f"  cmd: {shlex.join(argv)}")
 
 
 def _spec_from_dict(data: dict) -> ProcessSpec:
-    return ProcessSpec(**{**data, "role": Role(data["role"]), "argv": tuple(data["argv"])})
+    bound = data.get("binding")
+    return ProcessSpec(**{**data, "role": Role(data["role"]), "argv": tuple(data["argv"]),
+                          "binding": Binding.from_dict(bound) if bound else None})
 
 
 def _json_default(value: Any) -> object:
@@ -220,6 +241,8 @@ class PlanInputs:
     """This launch's secret; every process carries it (``contract.TOKEN``)."""
     replicated: bool = True
     """The layout is pure data parallelism (``LaunchPlan.replicated``)."""
+    launcher_node: Optional[int] = None
+    """The node whose host the launcher runs on; None when it runs on none of them."""
 
 
 def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
@@ -236,7 +259,22 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       foreground=len(ranks) == 1 and len(inputs.nodes) == 1
                       and not inputs.agents, token=inputs.token, replicated=inputs.replicated,
                       timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
-                                        config.hang_timeout))
+                                        config.hang_timeout, config.hang_grace),
+                      collect_ranks=_collect_ranks(config, inputs, ranks))
+
+
+def _collect_ranks(config: LaunchConfig, inputs: PlanInputs,
+                   ranks: Sequence[ProcessSpec]) -> tuple[int, ...]:
+    """What node 0 needs sent to resume without the other hosts: each rank's slice that is not
+    on the launcher's host; in data parallelism one replica, if the launcher's host has none.
+    Nothing for a job without agents, or with ``--no-checkpoint-collect``."""
+    if not inputs.agents or not config.checkpoint_collect:
+        return ()
+    elsewhere = sorted(s.rank for s in ranks
+                       if s.rank is not None and s.node_rank != inputs.launcher_node)
+    if inputs.replicated:
+        return () if len(elsewhere) < len(ranks) else tuple(elsewhere[:1])
+    return tuple(elsewhere)
 
 
 def _start_mode(config: LaunchConfig, inputs: PlanInputs) -> StartMode:
@@ -252,12 +290,16 @@ def _rank_specs(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, world
         for local_rank, card in enumerate(node.cards):
             rank = assigned[local_rank].rank if assigned else first_rank + local_rank
             device = assigned[local_rank].device_id if assigned else card.logical
-            yield _rank_spec(config, inputs, mode, node, local_rank, rank, device, world)
+            card_id = card.physical if inputs.device is DeviceKind.NPU else None
+            binding = planned(config.bind_cores, config.bind_numa, card_id)
+            yield _rank_spec(config, inputs, mode, node, local_rank, rank, device, world,
+                             binding)
         first_rank += len(node.cards)
 
 
 def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: Node,
-               local_rank: int, rank: int, device: int, world: int) -> ProcessSpec:
+               local_rank: int, rank: int, device: int, world: int,
+               binding: Optional[Binding] = None) -> ProcessSpec:
     node_dir = node_log_dir(inputs, node.host)
     files = {"events_path": os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
              "error_path": os.path.join(node_dir, "errors", f"rank_{rank}.json"),
@@ -272,6 +314,8 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
         contract.STACK_FILE: files["stack_path"],
         **_common_env(inputs, node),
     }
+    if config.hang_timeout > 0:
+        env[contract.PROGRESS] = "1"
     if mode is StartMode.DYNAMIC_CLUSTER:
         env.update(_cluster_env(config, inputs, world))
         env.update({contract.MS_ROLE: contract.ROLE_WORKER, contract.MS_NODE_ID: str(rank),
@@ -284,7 +328,8 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
     return ProcessSpec(role=Role.RANK, rank=rank, host=node.host, node_rank=node.node_rank,
                        local_rank=local_rank, device_id=device,
                        log_path=os.path.join(node_dir, f"rank_{rank}.log"), env=env,
-                       argv=(config.python, config.script, *config.script_args), **files)
+                       argv=(config.python, config.script, *config.script_args),
+                       binding=binding, **files)
 
 
 def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:

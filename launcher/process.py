@@ -62,7 +62,7 @@ class ProcessGroup:
         env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
         read_end, write_end = os.pipe()
         try:
-            proc = subprocess.Popen(list(spec.argv), env=env, cwd=self._workdir,
+            proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir,
                                     stdin=subprocess.DEVNULL if stdin_data is None
                                     else subprocess.PIPE,
                                     stdout=write_end, stderr=write_end, start_new_session=True)
@@ -84,7 +84,7 @@ class ProcessGroup:
     def start_foreground(self, spec: ProcessSpec) -> int:
         """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
         env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
-        proc = subprocess.Popen(list(spec.argv), env=env, cwd=self._workdir)
+        proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir)
         self._running[spec.label] = (spec, proc)
         self.pids[spec.label] = proc.pid
         return proc.pid

@@ -1,9 +1,11 @@
 """This node's ranks, as the watch loop (``launcher.watch``) supervises them.
 
 The first rank that exits non-zero or by a signal, or reports an uncaught exception, ends the
-job; so do ranks that never initialise within the start-up timeout, and, with
-``--hang-timeout``, a node whose ranks all went silent (``stalls.StallWatch`` reads their stacks
-to name the one that hangs). The loop itself handles the stop signals and closes the processes.
+job; so do ranks that never initialise within the start-up timeout (their stacks are read first,
+to show where they are stuck). Once every rank here went silent past ``--hang-timeout``
+(``stalls.StallWatch``), their stacks are read and sent as ``stack`` events: node 0 judges the
+hang over every node's ranks (``stalls.HangCheck``) and stops the job. The loop itself handles
+the stop signals and closes the processes.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from launcher.failures import (Cause, ErrorReport, Failure, JobResult, Outcome, 
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import Stall, StallWatch
+from launcher.stalls import Limits, StackSample, Stacks, StallWatch, sample_stacks
 from launcher.watch import Reporter, Watch
 from parallel import contract
 from parallel.contract import Event
@@ -29,8 +31,8 @@ _DRAIN_TIMEOUT = 0.5
 
 class LocalRanks:
     """``plan.on_node(node_rank)``: this node's ranks (and MindSpore's scheduler), watched by
-    ``watch.Watch``. Rank events and exits go to ``reporter``; ``--hang-timeout`` arms a
-    ``StallWatch`` over the ranks' stacks."""
+    ``watch.Watch``. Rank events and exits go to ``reporter``, and so do the ranks' stacks
+    when ``StallWatch`` finds them all silent."""
 
     everything = "every process"
 
@@ -51,8 +53,12 @@ class LocalRanks:
         self._exited: set[int] = set()
         self._failures: list[Failure] = []
         self._stuck: list[ProcessSpec] = []
-        self._stall: Optional[Stall] = None
-        self._stalls = StallWatch(plan.timeouts.hang) if plan.timeouts.hang > 0 else None
+        self._stuck_at: dict[int, tuple[str, ...]] = {}
+        self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
+        limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
+        # Nobody sits at a pdb prompt against a clock (``--debug``).
+        self._stalls = StallWatch(limits) if plan.timeouts.hang > 0 and not plan.foreground \
+            else None
         self._finish = threading.Event()
         self._wake = threading.Event()
         self._ranks_done_sent = False
@@ -72,7 +78,9 @@ class LocalRanks:
                 group.start_foreground(spec)
             else:
                 show = spec.rank is not None and self._filter.shows(spec.rank)
-                group.start(spec, self._console.sink(spec.label) if show else None)
+                sink = (self._console.rank_sink(spec.host, spec.rank) if spec.rank is not None
+                        else self._console.sink(spec.label))
+                group.start(spec, sink if show else None)
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._read_events()
@@ -81,12 +89,9 @@ class LocalRanks:
         if self._failures:
             return Outcome.FAILED
         if self._stalls is not None:
-            running = {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
-            stacks = {r: self._by_rank[r].stack_path for r in running}
-            self._stall = self._stalls.check(running, stacks, self._main_threads, self._host,
-                                             self._plan.nnodes == 1)
-            if self._stall is not None:
-                return Outcome.STALLED
+            running = self._running_ranks(group)
+            if self._stalls.due(sorted(running), time.time()):
+                self._send_stacks(running)
         if set(self._by_rank) <= self._exited:
             self._announce_ranks_done()
             if self._scheduler_done(group):
@@ -95,13 +100,37 @@ class LocalRanks:
             return Outcome.STARTUP_TIMEOUT
         return None
 
-    def stall(self) -> Optional[Stall]:
-        return self._stall
-
     def before_close(self, group: ProcessGroup, outcome: Outcome) -> None:
         for failure in self._failures:
             group.drain(failure.spec.label, _DRAIN_TIMEOUT)
         self._stuck = self._stuck_ranks(group)
+        if outcome is Outcome.STARTUP_TIMEOUT and self._stuck:
+            stuck = {s.rank: group.pids[s.label] for s in self._stuck if s.rank is not None}
+            samples = self._send_stacks(stuck)
+            self._stuck_at = {r: sample.frames for r, sample in samples.items()}
+        # py-spy's native stacks are read before any rank is signalled, and no py-spy outlives
+        # the job (each is bounded by its own timeout).
+        if self._natives is not None:
+            self._natives.join()
+
+    def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
+        return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
+
+    def _send_stacks(self, ranks: Mapping[int, int]) -> dict[int, StackSample]:
+        """Read the stacks of ``ranks`` (rank -> pid), keep them in their stack files and send
+        them to node 0 (py-spy's native stacks follow from a thread when they are ready);
+        the main threads' samples."""
+        paths = {r: self._by_rank[r].stack_path for r in ranks if self._by_rank[r].stack_path}
+        stacks, natives = sample_stacks(ranks, paths, self._main_threads)
+        self._report_stacks(stacks)
+        self._natives = threading.Thread(target=lambda: self._report_stacks(natives()),
+                                         name="native-stacks", daemon=True)
+        self._natives.start()
+        return {rank: read.sample for rank, read in stacks.items()}
+
+    def _report_stacks(self, stacks: Mapping[int, Stacks]) -> None:
+        for rank, read in stacks.items():
+            self._reporter.event(read.event(self._by_rank[rank].host))
 
     def after_close(self, exits: list[Exit]) -> None:
         self._read_events()
@@ -115,7 +144,8 @@ class LocalRanks:
         if cause is not None:
             return JobResult(outcome, cause.exit_code, describe_failure(cause, job), now,
                              cause.cause())
-        message = describe_stuck(self._stuck, self._in_init, job, self._plan.timeouts.startup)
+        message = describe_stuck(self._stuck, self._in_init, job, self._plan.timeouts.startup,
+                                 self._stuck_at)
         return JobResult(Outcome.STARTUP_TIMEOUT, 1, message, now,
                          Cause(Outcome.STARTUP_TIMEOUT, "rank", host=self._host,
                                ranks=tuple(s.rank for s in self._stuck if s.rank is not None),
@@ -170,12 +200,12 @@ class LocalRanks:
             for event in tail.read():
                 if event.kind == contract.EVENT_STARTED and event.main_thread:
                     self._main_threads[rank] = event.main_thread
-                elif event.kind == contract.EVENT_STEP and self._stalls is not None:
-                    self._stalls.progress(rank, time.time())
                 elif event.kind == contract.EVENT_INIT_STARTED:
                     self._in_init.add(rank)
                 elif event.kind == contract.EVENT_INITIALISED:
                     self._initialised.add(rank)
+                if self._stalls is not None:
+                    self._stalls.observe(event, time.time())
                 self._reporter.event(event)
 
 

@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Any, Callable, Optional, Protocol
 
-from launcher.failures import Cause, JobResult, Outcome
+from launcher.failures import Cause, JobResult, Outcome, stall_cause
 from launcher.plan import LaunchPlan
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import Stall, describe_stall
+from launcher.stalls import HANG_EXIT_CODE, Stall, describe_stall
 from parallel.contract import Event
 
 _TICK = 0.02
@@ -46,9 +46,6 @@ class Watched(Protocol):
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         """After each poll (``exits``: processes that ended since the last): the job's outcome
         once it is decided, else None."""
-
-    def stall(self) -> Optional[Stall]:
-        """The hang this source itself found (for ``Outcome.STALLED``), if any."""
 
     def before_close(self, group: ProcessGroup, outcome: Outcome) -> None:
         """The job ends with ``outcome``: gather what its account needs while processes live."""
@@ -119,10 +116,9 @@ class Watch:
             return JobResult(outcome, 128 + (self._signal or 0),
                              f"npu-launch: job {job} stopped by {name}: "
                              f"{self._source.everything} ended", now, Cause(outcome, signal=name))
-        if outcome is Outcome.STALLED:
-            stall = self._stall or self._source.stall()
-            if stall is not None:
-                return JobResult(outcome, 1, describe_stall(stall, job), now, stall_cause(stall))
+        if outcome is Outcome.STALLED and self._stall is not None:
+            return JobResult(outcome, HANG_EXIT_CODE, describe_stall(self._stall, job), now,
+                             stall_cause(self._stall))
         if outcome is Outcome.SUCCEEDED:
             return JobResult(outcome, 0, self._source.finished(elapsed), now)
         return self._source.conclude(outcome)
@@ -138,11 +134,6 @@ class Watch:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.request_stop(signum)
-
-
-def stall_cause(stall: Stall) -> Cause:
-    return Cause(Outcome.STALLED, "rank" if stall.rank is not None else None, stall.rank,
-                 stall.host, ranks=stall.waiting, time=time.time())
 
 
 SignalHandlers = dict[signal.Signals, Any]

@@ -86,11 +86,21 @@ WAIT_FOR_SCHEDULER = "NPU_LAUNCH_WAIT_SCHEDULER"
 
 STACK_FILE = "NPU_LAUNCH_STACK_FILE"
 """Where the rank writes its Python stacks when it receives SIGUSR1 (hang detection)."""
+PROGRESS = "NPU_LAUNCH_PROGRESS"
+"""``1``: hang detection is on (``--hang-timeout`` > 0): the rank hook counts progress."""
 RESTART = "NPU_LAUNCH_RESTART"
 """How many times the job was restarted before this attempt (0 the first time)."""
 
 DEVFS = "NPU_LAUNCH_DEVFS"
 """Where the ``davinciN`` device nodes are [default: /dev]; tests point it at a fake ``/dev``."""
+
+CPUS = "NPU_LAUNCH_CPUS"
+"""``--bind-cores``: the cores the rank is bound to, as a CPU list (``0-11``)."""
+NUMA_NODES = "NPU_LAUNCH_NUMA_NODES"
+"""``--bind-numa``: the NUMA nodes the rank's memory is bound to, as a list (``0`` or ``0-1``)."""
+MSRUN_CPU_LIST = "MSRUN_CPU_LIST"
+"""``--bind-cores``: the rank's cores as msrun ``--bind_core`` writes them, a Python list
+(``[0, 1, 2]``), which ``mindspore.runtime.set_cpu_affinity`` reads for its threads."""
 
 PREFIX = "NPU_LAUNCH_"
 
@@ -116,7 +126,8 @@ def owner_of(name: str) -> "str | None":
 
 # Event names written to EVENTS_FILE.
 EVENT_STARTED = "started"
-"""The rank hook is installed; carries ``role`` and ``main_thread`` (the id faulthandler prints)."""
+"""The rank hook is installed; carries ``role``, ``main_thread`` (the id faulthandler prints) and
+``process_start`` (when the kernel started the process, seconds since the epoch)."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
 """Sent once by a rank, by the rank hook, when MindSpore's communication ``init()`` returns;
@@ -134,6 +145,18 @@ EVENT_CHECKPOINT = "checkpoint"
 ``name``, ``size``, ``sha256``, ``position`` (the data position) and ``world_size``."""
 EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
+EVENT_FIRST_STEP = "first-step"
+"""Sent once by the rank hook when the main thread's first top-level Cell call returns: the end
+of the first step (graph compilation), for the start-up breakdown (``launcher.startup``)."""
+EVENT_PROGRESS = "progress"
+"""The rank hook's view of training progress (``parallel.progress``), sent at most twice a second
+and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
+``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far)."""
+EVENT_STACK = "stack"
+"""Not sent by the rank: its supervisor's sample of the rank's stacks when the rank went silent
+(``launcher.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
+thread, as faulthandler wrote it) and ``native`` (py-spy's native stacks, when it is installed;
+they may follow in a second event with no frames)."""
 EVENT_EXITED = "exited"
 """Not sent by the rank: its supervisor's record that the rank's process ended (``returncode``),
 under the same name on the wire from a node agent and in metrics.jsonl."""
@@ -161,6 +184,10 @@ def _text(value: object) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
+def _flag(value: object) -> Optional[bool]:
+    return value if isinstance(value, bool) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Event:
     """One event record, parsed once where it enters the launcher (an events file, an agent's
@@ -183,6 +210,9 @@ class Event:
     exec_mode: Optional[str] = None
     path: Optional[str] = None
     main_thread: Optional[str] = None
+    count: Optional[int] = None
+    busy: Optional[bool] = None
+    loads: Optional[int] = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -205,7 +235,8 @@ class Event:
 
 _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,
            "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
-           "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text}
+           "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text,
+           "count": _whole, "busy": _flag, "loads": _whole}
 """How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.

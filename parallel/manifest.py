@@ -135,7 +135,7 @@ def _temp_name(path: Path) -> Path:
 
 def _publish(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _fsync_file(path: Path) -> None:
@@ -146,7 +146,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: "str | os.PathLike[str]") -> None:
+    """Make a rename or a new file in ``path`` durable: sync the directory itself."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -4,8 +4,11 @@
   traceback, timestamp}`` as JSON to ``$NPU_LAUNCH_ERROR_FILE`` before Python prints it.
 * A parent watch: the rank is killed by the kernel when its launcher dies, even by SIGKILL.
 * Start-up events: ``started`` at boot and ``initialised`` when MindSpore's communication
-  ``init()`` returns (found through an import hook on ``mindspore.communication.management``),
-  which is how the launcher tells a rank stuck before ``init()``.
+  ``init()`` returns, which is how the launcher tells a rank stuck before ``init()``.
+* Progress events (``parallel.progress``): top-level ``Cell`` calls, dataset batches and
+  checkpoint loads, counted for the launcher's hang check whatever loop the script runs.
+* The MindSpore functions behind both are wrapped by an import hook as their modules load
+  (``_MODULE_HOOKS``), so a script that never imports MindSpore pays nothing.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
@@ -33,8 +36,8 @@ from typing import Any, Callable, Optional, Sequence, Type
 
 from parallel import contract
 from parallel import events
+from parallel import progress
 
-_COMM_MODULE = "mindspore.communication.management"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -48,8 +51,23 @@ def install() -> None:
         _dump_stack_on_request(os.environ[contract.STACK_FILE])
     if contract.EVENTS_FILE in os.environ:
         events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""),
-                    main_thread=hex(threading.main_thread().ident or 0))
-        sys.meta_path.insert(0, _CommInitHook())
+                    main_thread=hex(threading.main_thread().ident or 0),
+                    process_start=process_start())
+        hooks = dict(_MODULE_HOOKS if os.environ.get(contract.PROGRESS) == "1" else _INIT_HOOK)
+        sys.meta_path.insert(0, _PatchingFinder(hooks))
+
+
+def process_start() -> Optional[float]:
+    """When the kernel started this process (seconds since the epoch, to its 10 ms tick), from
+    ``/proc``; None where there is no ``/proc``."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
 
 
 def run_shadowed_sitecustomize(boot_file: str) -> None:
@@ -118,32 +136,70 @@ def write_error_report(path: str, exc_type: Type[BaseException], exc: BaseExcept
     os.replace(tmp, path)
 
 
-class _CommInitHook(importlib.abc.MetaPathFinder):
-    """Wraps ``init`` of MindSpore's communication module as soon as that module is loaded."""
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Patches each module of ``hooks`` (name -> patch) right after it executes, before any
+    other module can bind its names; leaves ``sys.meta_path`` once every one was seen."""
+
+    def __init__(self, hooks: dict[str, Callable[[Any], None]]) -> None:
+        self._hooks = hooks
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != _COMM_MODULE:
+        patch = self._hooks.pop(fullname, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        if not self._hooks:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # the next finder: ours no longer knows it
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _WrappingLoader(spec.loader)
+        spec.loader = _PatchingLoader(spec.loader, patch)
         return spec
 
 
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[Any], None]) -> None:
         self._inner = inner
+        self._patch = patch
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        comm: Any = module  # ModuleType declares no ``init``; MindSpore's module defines it
-        comm.init = _reporting_init(comm.init)
+        try:
+            self._patch(module)
+        except AttributeError:  # another MindSpore's layout: the script runs unobserved, as is
+            pass
+
+
+def _patch_comm(module: Any) -> None:
+    module.init = _reporting_init(module.init)
+
+
+def _patch_cell(module: Any) -> None:
+    module.Cell.__call__ = progress.counting_call(module.Cell.__call__)
+
+
+def _patch_iterators(module: Any) -> None:
+    module.Iterator.__next__ = progress.counting_next(module.Iterator.__next__)
+
+
+def _patch_serialization(module: Any) -> None:
+    for name in ("load_checkpoint", "load_param_into_net"):
+        if hasattr(module, name):
+            setattr(module, name, progress.counting_load(getattr(module, name)))
+
+
+_INIT_HOOK: dict[str, Callable[[Any], None]] = {
+    "mindspore.communication.management": _patch_comm,
+}
+_MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
+    **_INIT_HOOK,
+    "mindspore.nn.cell": _patch_cell,
+    "mindspore.dataset.engine.iterators": _patch_iterators,
+    "mindspore.train.serialization": _patch_serialization,
+}
 
 
 def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:

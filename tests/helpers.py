@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
 import psutil
+import pytest
 from _pytest.mark.expression import Expression
 from hypothesis import strategies as st
 
@@ -63,9 +64,50 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     return lines[0]
 
 
+_MERGED = re.compile(r"^\[((?:[^\]\s:]+:[0-9,-]+ ?)+)\] (.*)$")
+
+
+def per_rank(stdout: str) -> str:
+    """``stdout`` with each line that the console merged for several ranks (``[vm:0-1] x``,
+    ``[a:0 b:1] x``) written out once per rank (``[vm:0] x``, ``[vm:1] x``)."""
+    lines = []
+    for line in stdout.splitlines():
+        match = _MERGED.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        for group in match.group(1).split():
+            host, _, runs = group.rpartition(":")
+            for run in runs.split(","):
+                first, _, last = run.partition("-")
+                lines += [f"[{host}:{r}] {match.group(2)}"
+                          for r in range(int(first), int(last or first) + 1)]
+    return "\n".join(lines)
+
+
+GOLDEN = TESTS / "golden"
+UPDATE_GOLDEN = "NPU_LAUNCH_UPDATE_GOLDEN"
+
+
+def assert_golden(path: Path, text: str, what: str) -> None:
+    """``text`` must equal the golden file ``path`` (under ``tests/golden``); with
+    ``NPU_LAUNCH_UPDATE_GOLDEN=1`` the file is rewritten instead and the test skipped, to review
+    the diff."""
+    if os.environ.get(UPDATE_GOLDEN) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        pytest.skip(f"rewrote the golden file {path} instead of comparing: review the diff")
+    refresh = f"{UPDATE_GOLDEN}=1 python -m pytest {path.relative_to(GOLDEN)}'s test"
+    assert path.exists(), f"no golden file {path}: create it with {refresh}"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{what} differs from the golden file {path}. If the change is intended, refresh with "
+        f"{refresh} and review the diff.")
+
+
 def checksums(stdout: str) -> dict[str, str]:
-    """``{"[host:rank]": checksum}`` from the ``checksum`` lines the rank scripts print."""
-    return {line.split("]")[0] + "]": line.split()[-1] for line in stdout.splitlines()
+    """``{"[host:rank]": checksum}`` from the ``checksum`` lines the rank scripts print (merged
+    console lines counted for each of their ranks)."""
+    return {line.split("]")[0] + "]": line.split()[-1] for line in per_rank(stdout).splitlines()
             if " checksum " in line}
 
 

@@ -35,6 +35,7 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     ([*CPU, "--kill-timeout", "nan", SCRIPT], ["--kill-timeout nan", "between 0 and"]),
     ([*CPU, "--startup-timeout", "inf", SCRIPT], ["--startup-timeout inf"]),
     ([*CPU, "--hang-timeout", "1e308", SCRIPT], ["--hang-timeout"]),
+    ([*CPU, "--hang-grace", "-1", SCRIPT], ["--hang-grace -1", "between 0 and"]),
     ([*CPU, "--ssh-port", "-1", SCRIPT], ["--ssh-port -1", "1-65535"]),
     ([*CPU, "--master-port", "70000", SCRIPT], ["--master-port 70000", "1-65535"]),
     # silently ignored combinations, now refused

@@ -1,18 +1,23 @@
 """Node 0's checkpoint ledger and the placing of files for a resume, on real files.
 
-The multi-node test (tests/multinode/test_resume_private.py) runs both for real between hosts
-with private disks; these pin the rules: complete means every rank reported, a resume finds or
-fetches each rank's file, and a file that cannot be had is one line naming rank, step and host.
+The multi-node tests (tests/multinode/test_resume_private.py, test_collect_private.py) run both
+for real between hosts with private disks; these pin the rules: complete means every rank
+reported, a resume finds or fetches each rank's file, a file that cannot be had is one line
+naming rank, step and host, and node 0's collected copies stand in for a sliced rank's own file
+only when they are that file, and only for the newest complete step that has them all.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from launcher.checkpoints import CheckpointLedger, MissingCheckpoint, place_for_resume
+from launcher.payload import Upload
 from parallel.contract import Event
 from parallel.manifest import MANIFEST, Manifest
 
@@ -105,3 +110,176 @@ def test_without_a_replica_a_missing_file_is_one_line_naming_rank_step_and_host(
     assert str(caught.value) == (
         f"rank 1's checkpoint of step 10 is not on b ({tmp_path / 'b' / 'step_10' / 'rank_1.ckpt'}) "
         "and node 0 has no copy to stand in for it")
+
+
+# Node 0's collected copies (launcher.collect sends them; launcher.payload receives them) ------
+
+def _collect(ledger: CheckpointLedger, rank: int, step: int, data: bytes) -> Path:
+    """What the payload server does with a checked upload: stage it, hand it to the ledger."""
+    upload = Upload(rank, step, f"rank_{rank}.ckpt", len(data), hashlib.sha256(data).hexdigest())
+    assert ledger.accepts(upload)
+    staged = Path(ledger.staging) / f"upload-{rank}-{step}"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_bytes(data)
+    assert ledger.received(upload, str(staged), 0.5)
+    return Path(ledger.staging).parent / f"step_{step}" / f"rank_{rank}" / f"rank_{rank}.ckpt"
+
+
+def _sliced(tmp_path: Path, collected: list) -> CheckpointLedger:
+    """Node 0's ledger of a 2-rank model-parallel job: rank 0 on node 0, rank 1 elsewhere."""
+    return CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=False,
+                            collect=(1,), on_collected=lambda size, s: collected.append(size),
+                            agents=True)
+
+
+def _both(ledger: CheckpointLedger, tmp_path: Path, step: int,
+          seen: tuple[int, ...] = (0,)) -> tuple[Path, Path]:
+    """Both ranks report ``step``; the files of ranks not ``seen`` are on a host whose disk is
+    not node 0's (here: gone by the time node 0 looks)."""
+    paths = (tmp_path / "a" / f"step_{step}" / "rank_0.ckpt",
+             tmp_path / "b" / f"step_{step}" / "rank_1.ckpt")
+    for rank, path in enumerate(paths):
+        event = _event(rank, "ab"[rank], path, f"slice {rank} of {step}".encode(), step)
+        if rank not in seen:
+            path.unlink()
+        ledger.record(event)
+    return paths
+
+
+def test_a_sliced_step_resumes_a_wiped_host_from_node_0s_collected_slice(tmp_path: Path) -> None:
+    collected: list = []
+    ledger = _sliced(tmp_path, collected)
+    _, on_b = _both(ledger, tmp_path, 10)
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {}  # nothing collected yet: no copy to give
+    copy = _collect(ledger, 1, 10, b"slice 1 of 10")
+    assert copy.read_bytes() == b"slice 1 of 10" and collected == [13]
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {1: str(copy)}  # rank 0's file is on node 0
+
+    assert not on_b.exists()  # host b was wiped
+    notes = place_for_resume(point, [1], "b",
+                             lambda rank, path: shutil.copyfile(point.replicas[rank], path),
+                             exact=True)
+    assert notes == ["rank 1: 13 bytes of step 10 from node 0"]
+    assert on_b.read_bytes() == b"slice 1 of 10"
+    written = Manifest.from_json((on_b.parent / MANIFEST).read_text())
+    assert written.file_for(1).sha256 == hashlib.sha256(b"slice 1 of 10").hexdigest()
+
+
+def test_a_copy_that_is_not_the_ranks_own_file_never_stands_in(tmp_path: Path) -> None:
+    ledger = _sliced(tmp_path, [])
+    _, on_b = _both(ledger, tmp_path, 10)
+    _collect(ledger, 1, 10, b"what rank 1 wrote later")  # checked as sent, but not the step's
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {}
+    with pytest.raises(MissingCheckpoint, match="node 0 has no copy to stand in"):
+        place_for_resume(point, [1], "b", fetch=None, exact=True)
+    # And an agent given bytes that are not the slice keeps none of them.
+    forged = dataclasses.replace(point, replicas={1: "node 0's"})
+    with pytest.raises(MissingCheckpoint, match=r"node 0's copy is not its file \(another sha256\)"):
+        place_for_resume(forged, [1], "b", lambda rank, path: Path(path).write_bytes(b"x" * 13),
+                         exact=True)
+    assert not on_b.exists()
+
+
+def test_only_the_newest_complete_collected_step_keeps_its_copies(tmp_path: Path) -> None:
+    ledger = _sliced(tmp_path, [])
+    steps = tmp_path / "logs" / "checkpoint_ledger"
+    _both(ledger, tmp_path, 10)
+    ten = _collect(ledger, 1, 10, b"slice 1 of 10")
+    fifteen = _collect(ledger, 1, 15, b"slice 1 of 15")  # rank 0 never saved step 15
+    _both(ledger, tmp_path, 20)
+    # Step 20 is complete but its slice has not come: step 10's copy is still what a resume needs.
+    assert ledger.collected_steps() == [10, 15] and ten.exists()
+    _collect(ledger, 1, 20, b"slice 1 of 20")
+    assert ledger.collected_steps() == [20]
+    assert not ten.exists() and not fifteen.exists()
+    assert sorted(p.name for p in (steps / "step_10").iterdir()) == ["files.json", MANIFEST]
+    assert not (steps / "step_15").exists()
+    point = ledger.resume_point()
+    assert point is not None and point.step == 20
+    assert point.replicas == {1: str(steps / "step_20" / "rank_1" / "rank_1.ckpt")}
+    # Pruned steps are not taken again; newer ones, and ranks node 0 collects, only.
+    assert not ledger.accepts(Upload(1, 15, "r", 1, "0" * 64))
+    assert ledger.accepts(Upload(1, 25, "r", 1, "0" * 64))
+    assert not ledger.accepts(Upload(0, 25, "r", 1, "0" * 64))
+
+
+def test_without_collection_nothing_is_taken_or_kept(tmp_path: Path) -> None:
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=False)
+    _both(ledger, tmp_path, 10)
+    assert not ledger.accepts(Upload(1, 10, "rank_1.ckpt", 13, "0" * 64))
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {}
+
+
+def test_a_data_parallel_job_whose_node_0_runs_no_rank_resumes_from_the_collected_replica(
+        tmp_path: Path) -> None:
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=True,
+                              collect=(0,))
+    _both(ledger, tmp_path, 10, seen=())  # both on hosts node 0 cannot see
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {}
+    copy = _collect(ledger, 0, 10, b"slice 0 of 10")
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {0: str(copy), 1: str(copy)}
+
+
+def test_the_ledger_says_whether_node_0_saw_every_hosts_files(tmp_path: Path) -> None:
+    ledger = _sliced(tmp_path, [])
+    assert ledger.storage is None
+    _both(ledger, tmp_path, 10, seen=(0, 1))
+    assert ledger.storage == "shared"  # both files are on this disk at their own paths
+    _both(ledger, tmp_path, 20, seen=(0, 1))
+    assert ledger.storage == "shared"
+    _both(ledger, tmp_path, 30)  # rank 1's file is on b, which node 0 does not see
+    assert ledger.storage == "private"
+    here = CheckpointLedger(str(tmp_path / "here"), world_size=2, data_parallel=False)
+    _both(here, tmp_path, 10)
+    assert here.storage is None  # no node agents: every rank runs on node 0
+
+
+def test_a_restart_resumes_from_the_newest_step_node_0_holds_every_file_of(
+        tmp_path: Path) -> None:
+    ledger = _sliced(tmp_path, [])
+    _both(ledger, tmp_path, 10)
+    _collect(ledger, 1, 10, b"slice 1 of 10")
+    _both(ledger, tmp_path, 20)  # complete, but host b was lost before its slice came
+    point = ledger.resume_point()
+    assert point is not None and point.step == 10 and set(point.replicas) == {1}
+    _collect(ledger, 1, 20, b"slice 1 of 20")
+    point = ledger.resume_point()
+    assert point is not None and point.step == 20
+    # A host that shares node 0's storage sends nothing: its file where it is will do.
+    _both(ledger, tmp_path, 30, seen=(0, 1))
+    point = ledger.resume_point()
+    assert point is not None and point.step == 30 and point.replicas == {}
+    assert ledger.collected_steps() == []  # step 20's copy is not needed any more
+    # Without collection, the newest complete step, whatever node 0 holds.
+    plain = CheckpointLedger(str(tmp_path / "plain"), world_size=2, data_parallel=False)
+    _both(plain, tmp_path, 40)
+    point = plain.resume_point()
+    assert point is not None and point.step == 40
+
+
+def test_a_complete_step_saved_again_gets_the_manifest_of_its_files_as_they_now_are(
+        tmp_path: Path) -> None:
+    """A restart that went back before a complete step (its slice never reached node 0) saves
+    it again: the step's manifest, and what a copy must match, are the new files'."""
+    ledger = _sliced(tmp_path, [])
+    _both(ledger, tmp_path, 10)
+    first = Manifest.from_json((tmp_path / "logs" / "checkpoint_ledger" / "step_10" / MANIFEST
+                                ).read_text())
+    again = _event(1, "b", tmp_path / "b" / "step_10" / "rank_1.ckpt", b"saved again", 10)
+    assert ledger.record(again) is None  # not newly complete
+    assert ledger.record(again) is None
+    now = Manifest.from_json((tmp_path / "logs" / "checkpoint_ledger" / "step_10" / MANIFEST
+                              ).read_text())
+    assert now.file_for(0) == first.file_for(0)
+    assert now.file_for(1).sha256 == hashlib.sha256(b"saved again").hexdigest() != \
+        first.file_for(1).sha256
+    copy = _collect(ledger, 1, 10, b"saved again")
+    point = ledger.resume_point()
+    assert point is not None and point.replicas == {1: str(copy)}
+    assert Manifest.from_json(point.manifest).file_for(1) == now.file_for(1)

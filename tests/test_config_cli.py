@@ -27,6 +27,8 @@ SCRIPT = str(RANK_SCRIPTS / "chatty.py")
     (["--device", "cpu", "--env", "NPU_LAUNCH_TOKEN=x", SCRIPT], ["--env NPU_LAUNCH_TOKEN", "itself"]),
     (["--device", "cpu", "--debug", "--cards", "2", SCRIPT], ["--debug", "--cards 2"]),
     (["--device", "npu", "--cards", "2", SCRIPT], ["--device npu", "no Ascend cards"]),
+    (["--device", "cpu", "--no-checkpoint-collect", SCRIPT],
+     ["--no-checkpoint-collect", "starts no node agents"]),
 ])
 def test_bad_options_are_one_line_exit_2(weird_tmp: Path, args, needles) -> None:
     result = run_launcher(*args, "--log-dir", str(weird_tmp / "logs"), cwd=weird_tmp)

@@ -1,13 +1,14 @@
 """Console and log files: prefixes, whole lines only, carriage-return progress kept."""
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+from helpers import RANK_SCRIPTS, TESTS, assert_no_job_processes, per_rank, run_launcher
 
 pytestmark = pytest.mark.mindspore  # the ranks need no MindSpore, the job's scheduler does
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
@@ -30,7 +31,7 @@ def test_lines_are_prefixed_whole_and_progress_is_kept(weird_tmp: Path) -> None:
         seen[int(m.group(1))] += 1
     assert seen == {0: 300, 1: 300}
     for rank in (0, 1):
-        assert f"[{host}:{rank}] progress 100%" in result.stdout
+        assert f"[{host}:{rank}] progress 100%" in per_rank(result.stdout)
         raw = (logs / f"rank_{rank}.log").read_bytes()
         assert raw.endswith(b"\rprogress 10%\rprogress 50%\rprogress 100%"), raw[-80:]
     assert_no_job_processes("chat")
@@ -47,3 +48,30 @@ def test_console_filter_and_failing_exit_code(weird_tmp: Path) -> None:
     assert "rank0-line2" in (logs / "rank_0.log").read_text()
     assert "exited with code 7" in result.stderr
     assert_no_job_processes("filt")
+
+
+PLAIN = str(TESTS / "plain_scripts" / "plain_loop.py")
+
+
+@pytest.mark.mindspore
+def test_runtime_chatter_stays_in_the_logs_and_alike_lines_are_shown_once(weird_tmp: Path) -> None:
+    """Real MindSpore ranks: its INFO/WARNING lines (``[WARNING] DISTRIBUTED(pid,...``) reach the
+    rank logs only; the checksum line both ranks print alike is shown once as [host:0-1]."""
+    host = socket.gethostname()
+    runs = {}
+    for name, options in (("default", ()), ("all", ("--runtime-logs", "--no-merge-lines"))):
+        logs = weird_tmp / name
+        result = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(logs), *options,
+                              PLAIN, "--steps", "4", env={**os.environ, "GLOG_v": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = (result.stdout, (logs / "rank_0.log").read_text())
+    shown, log = runs["default"]
+    chatter = [line for line in log.splitlines() if line.startswith(("[INFO] ", "[WARNING] "))]
+    assert chatter, "MindSpore said something at INFO (GLOG_v=1) in the rank's log"
+    assert not any(c in shown for c in chatter[:50]), "...and none of it on the console"
+    assert shown.count(" checksum ") == 1 and f"[{host}:0-1] checksum " in shown, shown[-2000:]
+    everything, _ = runs["all"]
+    assert any(line.startswith((f"[{host}:0] [INFO] ", f"[{host}:1] [WARNING] ",
+                                f"[{host}:0] [WARNING] ", f"[{host}:1] [INFO] "))
+               for line in everything.splitlines()), "--runtime-logs shows them"
+    assert f"[{host}:0] checksum" in everything and f"[{host}:1] checksum" in everything

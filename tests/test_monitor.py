@@ -22,7 +22,7 @@ from parallel import contract
 from launcher.events import EventTail
 from launcher.failures import Outcome
 from launcher.monitor import JobMonitor, table_height
-from launcher.stalls import FallingBehind, Stall, describe_stall
+from launcher.stalls import HangCheck, Limits, Stall, describe_stall
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}
@@ -93,7 +93,7 @@ def test_metrics_jsonl_holds_every_record_in_arrival_order(weird_tmp: Path) -> N
                         "ranks": {str(r): h for r, h in HOSTS.items()}}
     assert lines[1:5] == records[:4]  # the edge drops what names no rank
     assert lines[5] == {"event": EVENT_EXITED, "rank": 0, "host": "node-a", "returncode": 0,
-                        "time": 1000.0}
+                        "time": 1000.0, "last_progress": 3.0}, "the progress events are not kept"
     feed(monitor, step(0, 4.0, 2))
     monitor.close("succeeded", 0)
     assert metrics(weird_tmp)[-1] == step(0, 4.0, 2)
@@ -126,11 +126,15 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
     assert by_rank[1] == {"rank": 1, "host": "node-a", "exit_code": 0, "steps": 20,
                           "final_loss": 0.25, "samples_per_s": 61.0, "exec_mode": None,
                           "eval": None, "evals": [], "last_event": "finished",
-                          "last_event_time": 1005.0}
+                          "last_event_time": 1005.0,
+                          "phases": {"process": None, "imports": None, "init": None,
+                                     "first_step": 1.0, "training": 3.0, "exit": 0.0}}
     assert by_rank[3] == {"rank": 3, "host": "node b", "exit_code": -9, "steps": 10,
                           "final_loss": 0.9, "samples_per_s": 53.0, "exec_mode": None,
                           "eval": None, "evals": [], "last_event": "step",
-                          "last_event_time": 1002.0}
+                          "last_event_time": 1002.0,
+                          "phases": {"process": None, "imports": None, "init": None,
+                                     "first_step": 1.0, "training": 0.0, "exit": 0.0}}
     assert summary["global_samples_per_s"] == pytest.approx(60 + 61 + 62 + 53)
     assert summary["last_step"] == 20 and summary["world_size"] == 4
     assert summary["checkpoints"] == [  # ranks 2 and 3 never reported step 10: not complete
@@ -158,6 +162,24 @@ def test_a_step_is_complete_once_every_rank_on_any_host_reported_it(weird_tmp: P
     assert none_complete.checkpoint_note() == (
         "npu-launch: checkpoints were written (step 7) but no step by every rank: none is "
         "complete to resume from")
+
+
+def test_summary_counts_what_node_0_collected_and_sent_and_what_storage_it_found(
+        weird_tmp: Path) -> None:
+    monitor = make_monitor(weird_tmp, FakeClock())
+    quiet = make_monitor(weird_tmp / "quiet", FakeClock()).close("succeeded", 0)
+    assert quiet["checkpoints_collected"] == {"files": 0, "bytes": 0, "seconds": 0.0}
+    assert quiet["checkpoint_storage"] is None
+    monitor.on_collected(100, 0.25)  # from the payload server's threads, through the ledger
+    monitor.on_collected(50, 0.5)
+    monitor.on_transfer(100, 1.0)
+    monitor.storage_found("private")
+    summary = monitor.close("succeeded", 0)
+    assert summary["checkpoints_collected"] == {"files": 2, "bytes": 150, "seconds": 0.75}
+    assert summary["checkpoints_sent"] == {"files": 1, "bytes": 100, "seconds": 1.0}
+    assert summary["checkpoint_storage"] == "private"
+    on_disk = json.loads((weird_tmp / SUMMARY_FILE).read_text())
+    assert on_disk["checkpoints_collected"]["bytes"] == 150
 
 
 def test_missing_and_odd_fields_are_tolerated(weird_tmp: Path) -> None:
@@ -223,7 +245,7 @@ def test_close_twice_keeps_the_first_summary(weird_tmp: Path) -> None:
 
 def run_steps(monitor: JobMonitor, clock: FakeClock, ranks: tuple[int, ...], start: float,
               end: float, every: float = 1.0,
-              behind: Optional[FallingBehind] = None) -> Optional[Stall]:
+              behind: Optional[HangCheck] = None) -> Optional[Stall]:
     """Ranks in ``ranks`` step once every ``every`` seconds, the monitor ticking and the stall
     check asked after each round; the first stall it reports, if any."""
     n = 0
@@ -248,7 +270,7 @@ def initialise(monitor: JobMonitor, clock: FakeClock) -> None:
 def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 30, clock)
+    behind = HangCheck(monitor.rank_states, Limits(30, 30), clock)
     initialise(monitor, clock)
     assert run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 12.0, behind=behind) is None
     # rank 2 went quiet after step 12 (at t=12); the others go on.
@@ -261,13 +283,13 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
         "30 s while other ranks advanced")
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
-        "timeout": 30.0, "also": (), "waiting": (), "stacks": ()}
+        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": ""}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 20, clock)
+    behind = HangCheck(monitor.rank_states, Limits(20, 20), clock)
     initialise(monitor, clock)
     stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
     assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20)
@@ -277,7 +299,7 @@ def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -
 def test_no_stall_when_every_rank_is_silent(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 30, clock)
+    behind = HangCheck(monitor.rank_states, Limits(30, 30), clock)
     initialise(monitor, clock)
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 10.0, behind=behind)
     for t in (45.0, 100.0, 1000.0):  # a long evaluation, say: nobody steps
@@ -288,7 +310,7 @@ def test_no_stall_when_every_rank_is_silent(weird_tmp: Path) -> None:
 def test_no_stall_before_any_rank_has_stepped(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 5, clock)
+    behind = HangCheck(monitor.rank_states, Limits(5, 5), clock)
     feed(monitor, record("initialised", 0, 0.0))
     clock.now = 500.0
     feed(monitor, record("initialised", 1, 500.0))
@@ -298,7 +320,7 @@ def test_no_stall_before_any_rank_has_stepped(weird_tmp: Path) -> None:
 def test_finished_or_exited_ranks_are_not_stalled(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 10, clock)
+    behind = HangCheck(monitor.rank_states, Limits(10, 10), clock)
     initialise(monitor, clock)
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 3.0, behind=behind)
     feed(monitor, record("finished", 2, clock.now, steps=3))
@@ -554,7 +576,7 @@ def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
     count: the new attempt is stopped only when a rank falls behind in it."""
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
-    behind = FallingBehind(monitor.rank_states, 10, clock)
+    behind = HangCheck(monitor.rank_states, Limits(10, 10), clock)
     initialise(monitor, clock)
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 5.0, behind=behind)
     assert run_steps(monitor, clock, (0, 1, 3), 6.0, 30.0, behind=behind) is not None

@@ -11,28 +11,19 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner, Result
 
 from helpers import ASCEND_FIXTURES as FIXTURES
-from helpers import RANK_TABLE_EXAMPLES, fake_ascend_env
+from helpers import GOLDEN, RANK_TABLE_EXAMPLES, fake_ascend_env
+from helpers import assert_golden as golden
 from launcher.rank_table_cli import rank_table
 from rank_tables.validate import validate
 
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE_ENV = "NPU_LAUNCH_UPDATE_GOLDEN"
 
 
 def assert_golden(name: str, text: str) -> None:
-    """``text`` must equal ``tests/golden/<name>``; when asked to refresh, rewrite it and skip."""
-    path = GOLDEN / name
-    if os.environ.get(UPDATE_ENV) == "1":
-        path.write_text(text, encoding="utf-8")
-        pytest.skip(f"rewrote the golden file {path} instead of comparing: review the diff")
-    assert path.exists(), f"no golden file {path}: create it with {UPDATE_ENV}=1 python -m pytest {__file__}"
-    expected = path.read_text(encoding="utf-8")
-    assert text == expected, (f"{name} differs from the golden file {path}. If the change is intended, refresh with "
-                              f"{UPDATE_ENV}=1 python -m pytest {__file__} and review the diff.")
+    """``text`` must equal ``tests/golden/<name>``."""
+    golden(GOLDEN / name, text, name)
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> Result:

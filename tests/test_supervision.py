@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.stalls import HANG_EXIT_CODE
 from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, checksums, initialised,
                      job_pids, npu_launch_argv, run_launcher, wait_for, worker_pid)
 
@@ -88,6 +89,8 @@ def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     assert proc.returncode == 1, err
     assert "rank 1 on" in err and "never reached init()" in err, err
     assert "rank 0 on" in err and "waiting in init()" in err, err
+    where = err.split("rank 1 is at (most recent call first):")[1]
+    assert "ms_job.py" in where.splitlines()[1], "where the rank that never reached init() is"
     cause = _root_cause(weird_tmp)
     assert (cause["outcome"], cause["ranks"]) == ("startup-timeout", [0, 1])
     assert_no_job_processes("hang-job", seen)
@@ -138,8 +141,8 @@ def test_rank_hung_mid_training_is_named_with_its_stack(weird_tmp: Path) -> None
     wait_for(lambda: job_pids("midhang-job"), "the job's processes")
     seen = tuple(job_pids("midhang-job"))
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, err[-3000:]
-    assert "rank 1 on" in err and "hangs: no step for" in err, err[-3000:]
+    assert proc.returncode == HANG_EXIT_CODE, err[-3000:]
+    assert "rank 1 on" in err and "hangs: no progress for" in err, err[-3000:]
     assert "while rank(s) 0 wait in MindSpore" in err
     assert "ms_job.py" in err.split("rank 1 is at")[1], "the hung rank's own frame is shown"
     summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())

@@ -18,7 +18,9 @@ from launcher.plan import LaunchPlan
 
 
 class LauncherKind(str, enum.Enum):
-    """``auto``: slurm inside an allocation, else ssh with a hostfile, else local."""
+    """``auto``: slurm inside an allocation, else ssh with a hostfile, else local (an
+    operator's Kubernetes pod is detected before this, ``launcher.pods``: its share runs
+    locally)."""
 
     AUTO = "auto"
     LOCAL = "local"

@@ -1,0 +1,123 @@
+"""What node 0's console makes of the ranks' lines: MindSpore's own chatter kept to the log files,
+and a line that several ranks print alike shown once.
+
+MindSpore's runtime log lines (glog style: ``[WARNING] DISTRIBUTED(20481,7f12...,python3.11):
+2026-12-01-16:15:27.504.479 [mindspore/ccsrc/...] ...``, and from its Python side ``[INFO]
+ME(18850:1402210...,MainProcess):...``) at DEBUG, INFO and WARNING go to the rank's log file
+only (``--runtime-logs`` shows them); ERROR and above still reach the console.
+
+Identical lines: each rank line waits up to ``WINDOW`` seconds for the same text from other
+ranks, then is shown once as ``[vm:0-7] text`` (ranks grouped by host: ``[a:0-1 b:2-3]``), or as
+soon as every shown rank has printed it. Lines leave in the order they first came, so each rank's
+lines keep their order; a rank that says the same thing twice is two lines. ``--no-merge-lines``
+shows every line as it comes. Nothing here touches the log files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from typing import Callable, Optional
+
+WINDOW = 0.25
+"""Seconds a line waits for the same line from other ranks."""
+_RUNTIME_LOG = re.compile(rb"^\[(DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][0-9a-fA-F]+,")
+"""MindSpore's C++ (``DISTRIBUTED(pid,thread hex,...``) and Python (``ME(pid:thread,...``) logs."""
+
+Write = Callable[[bytes, bytes], None]
+"""``write_line(prefix, line)`` of the console."""
+
+
+def is_runtime_chatter(line: bytes) -> bool:
+    """A MindSpore runtime log line below ERROR."""
+    return _RUNTIME_LOG.match(line) is not None
+
+
+@dataclasses.dataclass
+class _Pending:
+    text: bytes
+    since: float
+    ranks: dict[int, str]
+    """rank -> host"""
+
+
+class RankLines:
+    """The console's view of rank lines: filtered, and merged when ``merge``; ``ranks`` is how
+    many ranks the console shows (a line all of them printed leaves at once)."""
+
+    def __init__(self, write: Write, ranks: int, merge: bool, runtime_logs: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._write = write
+        self._ranks = ranks
+        self._merge = merge and ranks > 1
+        self._runtime_logs = runtime_logs
+        self._clock = clock
+        self._queue: list[_Pending] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+
+    def show(self, host: str, rank: int, line: bytes) -> None:
+        """One line of ``rank`` on ``host``, without its prefix."""
+        if not self._runtime_logs and is_runtime_chatter(line):
+            return
+        if not self._merge or self._closed:
+            self._write(f"[{host}:{rank}] ".encode(), line)
+            return
+        with self._lock:
+            for pending in self._queue:
+                if pending.text == line and rank not in pending.ranks:
+                    pending.ranks[rank] = host
+                    break
+            else:
+                self._queue.append(_Pending(line, self._clock(), {rank: host}))
+            self._flush_due(self._clock())
+        self._start()
+
+    def close(self) -> None:
+        """Show what still waits; later lines are shown as they come."""
+        with self._lock:
+            self._closed = True
+            self._flush_due(float("inf"))
+        self._wake.set()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="console-merge", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(WINDOW / 5)
+            with self._lock:
+                self._flush_due(self._clock())
+
+    def _flush_due(self, now: float) -> None:
+        """Under the lock: show the queue's head while it is complete or has waited enough."""
+        while self._queue:
+            head = self._queue[0]
+            if len(head.ranks) < self._ranks and now - head.since < WINDOW:
+                return
+            self._queue.pop(0)
+            self._write(f"[{label(head.ranks)}] ".encode(), head.text)
+
+
+def label(ranks: dict[int, str]) -> str:
+    """``vm:0-3,5`` for one host, ``a:0-1 b:2-3`` across hosts (each host's ranks as runs)."""
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(ranks):
+        by_host.setdefault(ranks[rank], []).append(rank)
+    return " ".join(f"{host}:{runs_text(found)}" for host, found in by_host.items())
+
+
+def runs_text(ranks: list[int], separator: str = ",") -> str:
+    """Sorted ranks as runs: ``0-2,5``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return separator.join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -1,0 +1,121 @@
+"""Training progress seen without user code, for the launcher's hang check (via ``rank_hook``).
+
+Three places every MindSpore training loop passes through are counted, on the main thread only:
+
+* a top-level call of a ``Cell`` (``Cell.__call__`` not nested in another): one step of a
+  custom loop over a compiled ``TrainOneStepCell``, of ``Model.train`` (with or without dataset
+  sink mode: in sink mode one call runs a sink of steps), of the project's trainer;
+* the next batch of a MindSpore dataset iterator (``create_tuple_iterator``,
+  ``create_dict_iterator``), which also covers loops around a bare ``@jit`` function;
+* a checkpoint load (``load_checkpoint``, ``load_param_into_net``), after which the launcher
+  allows the longer first-step grace again (a recompilation may follow).
+
+The first top-level call's end is also sent at once, as ``first-step``: the end of graph
+compilation, for the start-up breakdown.
+
+The counters cost a few attribute reads and an increment per call (``bench/bench_progress.py``)
+and change nothing the script computes: the wrapped function is called with the same arguments
+and its result or exception passes through. A daemon thread, started by the first count, sends a
+``progress`` event at most every ``INTERVAL`` seconds and only when something changed: ``count``
+(calls completed plus batches fetched), ``busy`` (the main thread is inside a top-level call now:
+waiting in a collective, in the synchronous case) and ``loads``. MindSpore releases the GIL
+while a graph runs or a collective waits, so the thread reports a rank blocked there too.
+
+Nothing here imports MindSpore; ``rank_hook`` wraps its functions as their modules load.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable, Optional
+
+from parallel import contract
+from parallel import events
+
+INTERVAL = 0.5
+"""Seconds between two progress events of a rank, at most 2 a second."""
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.main = threading.main_thread().ident
+        self.depth = 0
+        self.calls = 0
+        self.batches = 0
+        self.loads = 0
+        self.reporter: "threading.Thread | None" = None
+
+
+_state = _Counters()
+
+
+def counting_call(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``Cell.__call__``, counting the main thread's top-level calls."""
+    state = _state
+    get_ident = threading.get_ident
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if state.depth or get_ident() != state.main:
+            return real(self, *args, **kwargs)
+        state.depth = 1
+        _ensure_reporter()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            state.depth = 0
+            state.calls += 1
+            if state.calls == 1:
+                events.emit(contract.EVENT_FIRST_STEP)
+    return functools.update_wrapper(__call__, real)
+
+
+def counting_next(real: Callable[..., Any]) -> Callable[..., Any]:
+    """A dataset iterator's ``__next__``, counting batches the main thread fetched."""
+    state = _state
+    get_ident = threading.get_ident
+
+    def __next__(self: Any) -> Any:
+        item = real(self)
+        if not state.depth and get_ident() == state.main:
+            state.batches += 1
+            _ensure_reporter()
+        return item
+    return functools.update_wrapper(__next__, real)
+
+
+def counting_load(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``load_checkpoint`` or ``load_param_into_net``: the launcher's grace starts again."""
+    state = _state
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        finally:
+            state.loads += 1
+            _ensure_reporter()
+    return functools.update_wrapper(load, real)
+
+
+def snapshot(state: Optional[_Counters] = None) -> tuple[int, bool, int]:
+    """(count, busy, loads) now."""
+    state = state or _state
+    return state.calls + state.batches, state.depth > 0, state.loads
+
+
+def _ensure_reporter() -> None:
+    if _state.reporter is None:
+        _state.reporter = threading.Thread(target=_report, args=(_state,),
+                                           name="npu-launch-progress", daemon=True)
+        _state.reporter.start()
+
+
+def _report(state: _Counters) -> None:
+    sent = None
+    wake = threading.Event()
+    while True:
+        now = snapshot(state)
+        if now != sent:
+            count, busy, loads = now
+            events.emit(contract.EVENT_PROGRESS, count=count, busy=busy, loads=loads)
+            sent = now
+        wake.wait(INTERVAL)

@@ -1,0 +1,149 @@
+"""Real ranks bound to real cores (``--bind-cores``): each rank's affinity is read back from the
+kernel (``/proc/<pid>/status``) while it runs and compared with ``plan.json``; a cpuset made
+for real by starting npu-launch under ``taskset -c 0`` is respected; a MindSpore data-parallel
+job still trains when bound.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import pytest
+
+from helpers import RANK_SCRIPTS, assert_no_job_processes, assert_one_line_error, checksums, \
+    job_pids, npu_launch_argv, wait_for, worker_pid
+from launcher.binding import format_cpu_list, split
+
+pytestmark = pytest.mark.mindspore  # the ranks need no MindSpore, the job's scheduler does
+SCRIPT = str(RANK_SCRIPTS / "affinity.py")
+JOB = str(RANK_SCRIPTS / "ms_job.py")
+ALLOWED = tuple(sorted(os.sched_getaffinity(0)))
+
+
+def kernel_cores(pid: int) -> str:
+    """What the kernel lets ``pid`` run on: ``Cpus_allowed_list`` of ``/proc/<pid>/status``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def planned_cores(log_dir: Path) -> dict[int, str]:
+    plan = json.loads((log_dir / "plan.json").read_text())
+    return {r["rank"]: format_cpu_list(r["binding"]["cpus"]) for r in plan["ranks"]}
+
+
+def _said(log_dir: Path, rank: int) -> Optional[list[str]]:
+    """The ``affinity`` line of rank ``rank``'s log, split, once it is there."""
+    path = log_dir / f"rank_{rank}.log"
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        if line.startswith(f"affinity {rank} "):
+            return line.split()
+    return None
+
+
+def _scheduler_pid(job: str) -> int:
+    for pid in job_pids(job):
+        try:
+            if psutil.Process(pid).environ().get("MS_ROLE") == "MS_SCHED":
+                return pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"job {job} runs no scheduler")
+
+
+def _run_bound(tmp: Path, job: str, cards: int, *options: str,
+               under: tuple[str, ...] = ()) -> tuple[dict[int, str], str, str]:
+    """Start the affinity script on ``cards`` ranks (under ``under``, e.g. taskset); while they
+    run, check what the kernel says of each against plan.json and against what the rank saw.
+    Returns each rank's cores, the scheduler's, and the launcher's stderr."""
+    logs, go = tmp / "logs", tmp / "go"
+    argv = [*under, *npu_launch_argv("--device", "cpu", "--cards", str(cards), "--job-id", job,
+                                     "--log-dir", str(logs), *options, SCRIPT, str(go))]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        said = {r: wait_for(lambda r=r: _said(logs, r), f"rank {r}'s affinity line")
+                for r in range(cards)}
+        seen = tuple(job_pids(job))
+        planned = planned_cores(logs)
+        for rank, (_, _, pid, cores, cpus, msrun) in said.items():
+            assert int(pid) == worker_pid(job, rank), "taskset exec'd the rank: one pid"
+            assert kernel_cores(int(pid)) == planned[rank] == cores, (rank, said[rank])
+            assert cpus == f"cpus={planned[rank]}"
+            assert msrun == "msrun=" + str(sorted(os.sched_getaffinity(int(pid)))).replace(" ", "")
+        scheduler = kernel_cores(_scheduler_pid(job))
+    finally:
+        go.touch()
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert_no_job_processes(job, seen)
+    return planned, scheduler, err
+
+
+def test_each_rank_runs_on_its_block_of_the_allowed_cores(weird_tmp: Path) -> None:
+    cores, scheduler, err = _run_bound(weird_tmp, "bind-auto", 2, "--bind-cores", "auto")
+    expected = [format_cpu_list(block) for block in split(ALLOWED, 2)]
+    assert list(cores.values()) == expected
+    assert scheduler == format_cpu_list(ALLOWED), "the scheduler is not bound"
+    assert f"npu-launch: cores: rank 0 -> {expected[0]}, rank 1 -> {expected[1]}" in err
+
+
+def test_a_list_is_split_and_ranks_share_a_core_when_short(weird_tmp: Path) -> None:
+    last = str(ALLOWED[-1])
+    cores, _, err = _run_bound(weird_tmp, "bind-list", 2, "--bind-cores", last)
+    assert cores == {0: last, 1: last}
+    assert "2 ranks on 1 core(s): up to 2 ranks share each core" in err
+
+
+def test_a_cpuset_around_the_launcher_is_respected(weird_tmp: Path) -> None:
+    """``taskset -c 0 npu-launch ...``: the launcher may use core 0 only (a real restriction,
+    as a container's cpuset is), so both ranks get it, and the launcher says they share it."""
+    cores, scheduler, err = _run_bound(weird_tmp, "bind-cpuset", 2, "--bind-cores", "auto",
+                                       under=("taskset", "-c", str(ALLOWED[0])))
+    assert cores == {0: str(ALLOWED[0]), 1: str(ALLOWED[0])} and scheduler == str(ALLOWED[0])
+    assert (f"this host's allowed cores {ALLOWED[0]} split by local rank; 2 ranks on 1 core(s): "
+            "up to 2 ranks share each core") in err
+
+
+def test_a_core_outside_the_cpuset_is_refused_before_anything_starts(weird_tmp: Path) -> None:
+    other = str(ALLOWED[-1] + 1 if len(ALLOWED) == 1 else ALLOWED[-1])
+    argv = ["taskset", "-c", str(ALLOWED[0]), *npu_launch_argv(
+        "--device", "cpu", "--job-id", "bind-refused", "--log-dir", str(weird_tmp / "logs"),
+        "--bind-cores", other, SCRIPT, "go")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(result, f"--bind-cores {other}: core(s) {other} are not among the "
+                          f"cores this host allows ({ALLOWED[0]})")
+    assert not (weird_tmp / "logs").exists() and not job_pids("bind-refused")
+
+
+def test_a_bound_mindspore_job_still_trains(weird_tmp: Path) -> None:
+    """Two data-parallel MindSpore ranks, each on its own block of cores: the kernel says so
+    while they run, and they train to the same weights."""
+    logs, job = weird_tmp / "logs", "bind-ms"
+    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
+                           str(logs), "--bind-cores", "auto", JOB, "--steps", "3",
+                           "--sleep-after-init", "2")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all("of 2 up" in _text(logs / f"rank_{r}.log") for r in (0, 1)),
+                 "both ranks initialised", timeout=240)
+        seen = tuple(job_pids(job))
+        planned = planned_cores(logs)
+        assert {r: kernel_cores(worker_pid(job, r)) for r in (0, 1)} == planned
+    finally:
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert list(planned.values()) == [format_cpu_list(b) for b in split(ALLOWED, 2)]
+    sums = checksums(out)
+    assert len(sums) == 2 and len(set(sums.values())) == 1, out[-2000:]
+    assert_no_job_processes(job, seen)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

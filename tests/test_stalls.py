@@ -1,0 +1,222 @@
+"""The hang check's judgement, on rank states built from events (``launcher.stalls``), and the
+rank hook's progress counters (``parallel.progress``), in this process."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from typing import Optional
+
+import pytest
+
+from launcher.stalls import (HangCheck, Limits, RankProgress, StackSample, find_stall, judge,
+                             stalled_before)
+from parallel import contract, progress
+from parallel.contract import Event
+
+LIMITS = Limits(timeout=10.0, grace=100.0)
+IN_MINDSPORE = ("/py/site-packages/mindspore/graph/api.py:2432 in _exec_pip",
+                "/job/train.py:40 in <module>")
+IN_DATA = ("/py/site-packages/mindspore/dataset/engine/iterators.py:150 in __next__",
+           "/job/train.py:38 in <module>")
+IN_SLEEP = ("/job/train.py:35 in hang_here", "/job/train.py:39 in <module>")
+
+
+@dataclasses.dataclass
+class State:
+    rank: int
+    host: str = "h"
+    step: Optional[int] = None
+    progress: RankProgress = dataclasses.field(default_factory=RankProgress)
+    finished: bool = False
+    exited: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.exited
+
+
+def see(state: State, kind: str, at: float, **fields) -> None:
+    event = Event.parse({"event": kind, "rank": state.rank, **fields})
+    assert event is not None
+    state.progress.observe(event, at)
+
+
+def stepping(ranks: int, until: float, count: int = 5) -> list[State]:
+    """Ranks initialised at 0 that made ``count`` progress by ``until``, now idle."""
+    states = [State(r, host=f"host{r}") for r in range(ranks)]
+    for s in states:
+        see(s, contract.EVENT_INITIALISED, 0.0)
+        see(s, contract.EVENT_PROGRESS, until, count=count, busy=False, loads=0)
+    return states
+
+
+def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
+    p = RankProgress()
+    p.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
+    assert (p.since, p.in_grace, LIMITS.of(p)) == (1.0, True, 100.0)
+    p.observe(Event(contract.EVENT_PROGRESS, 0, count=0, busy=True, loads=0), 5.0)
+    assert (p.since, p.in_grace, p.busy) == (1.0, True, True), "entering a call is no progress"
+    p.observe(Event(contract.EVENT_PROGRESS, 0, count=1, busy=False, loads=0), 6.0)
+    assert (p.since, p.in_grace, LIMITS.of(p)) == (6.0, False, 10.0)
+    p.observe(Event(contract.EVENT_PROGRESS, 0, count=3, busy=False, loads=1), 7.0)
+    assert (p.since, p.in_grace) == (7.0, True)
+    p.observe(Event(contract.EVENT_STEP, 0, step=4), 8.0)
+    assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False)
+
+
+def test_a_rank_in_grace_is_not_flagged_while_others_advance() -> None:
+    states = stepping(2, until=0.0, count=0)
+    see(states[0], contract.EVENT_PROGRESS, 50.0, count=7, busy=False, loads=0)
+    assert find_stall(states, 55.0, LIMITS) is None, "rank 1 still compiles, say"
+    see(states[0], contract.EVENT_PROGRESS, 100.0, count=9, busy=False, loads=0)
+    stall = find_stall(states, 101.0, LIMITS)
+    assert stall is not None and (stall.rank, stall.host) == (1, "host1")
+
+
+def test_stacks_name_the_rank_outside_mindspore() -> None:
+    states = stepping(3, until=5.0)
+    samples = {0: StackSample(0, IN_MINDSPORE), 1: StackSample(1, IN_SLEEP),
+               2: StackSample(2, IN_MINDSPORE)}
+    stall = judge(states, samples, 20.0, LIMITS)
+    assert (stall.rank, stall.host, stall.waiting, stall.how) == (
+        1, "host1", (0, 2), "its stack is outside MindSpore")
+    assert stall.stacks[0] == (1, IN_SLEEP) and stall.silent_for == 15.0
+
+
+def test_a_rank_stuck_in_its_data_pipeline_is_the_straggler() -> None:
+    states = stepping(2, until=5.0)
+    stall = judge(states, {0: StackSample(0, IN_MINDSPORE), 1: StackSample(1, IN_DATA)}, 20.0,
+                  LIMITS)
+    assert (stall.rank, stall.waiting) == (1, (0,))
+
+
+def test_without_stacks_the_rank_not_inside_a_step_is_named_then_the_one_behind() -> None:
+    states = stepping(3, until=5.0)
+    for s in (states[0], states[2]):
+        see(s, contract.EVENT_PROGRESS, 5.0, count=5, busy=True, loads=0)
+    stall = judge(states, {}, 20.0, LIMITS)
+    assert (stall.rank, stall.waiting, stall.how) == (1, (0, 2), "it is not inside a step")
+    states = stepping(3, until=5.0)
+    see(states[2], contract.EVENT_PROGRESS, 5.0, count=9, busy=False, loads=0)
+    see(states[0], contract.EVENT_PROGRESS, 5.0, count=9, busy=False, loads=0)
+    stall = judge(states, {}, 20.0, LIMITS)
+    assert (stall.rank, stall.waiting, stall.how) == (1, (0, 2), "its count is behind")
+
+
+def test_hang_check_waits_for_every_nodes_stacks_then_judges() -> None:
+    now = [16.0]
+    states = stepping(2, until=5.0)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    assert check() is None, "every rank silent: the stacks are awaited"
+    now[0] = 16.3
+    check.sample(StackSample(0, IN_MINDSPORE))
+    assert check() is None
+    now[0] = 16.4
+    check.sample(StackSample(1, IN_SLEEP))
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (1, (0,))
+    assert check.first == stall
+
+
+def test_hang_check_judges_without_stacks_after_a_while() -> None:
+    now = [16.0]
+    states = stepping(2, until=5.0)
+    see(states[0], contract.EVENT_PROGRESS, 5.0, count=5, busy=True, loads=0)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    assert check() is None
+    now[0] = 18.0
+    stall = check()
+    assert stall is not None and stall.rank == 1
+
+
+def test_ranks_that_all_wait_outside_mindspore_are_left_alone() -> None:
+    now = [16.0]
+    states = stepping(2, until=5.0)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    check()
+    check.sample(StackSample(0, IN_SLEEP))
+    check.sample(StackSample(1, IN_SLEEP))
+    now[0] = 16.1
+    assert check() is None, "an evaluation in numpy, a long save: nobody waits on anybody"
+    now[0] = 200.0
+    check.sample(StackSample(0, IN_MINDSPORE))
+    check.sample(StackSample(1, IN_MINDSPORE))
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (None, (0, 1))
+
+
+def test_the_stalled_rank_not_its_timed_out_peer_is_the_cause() -> None:
+    states = stepping(2, until=5.0)
+    see(states[0], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    stall = stalled_before(states, failed=0, at=35.0)
+    assert stall is not None and (stall.rank, stall.host, stall.waiting) == (1, "host1", (0,))
+    assert stalled_before(states, failed=1, at=35.0) is None, "rank 0 was waiting, not stalled"
+    assert stalled_before(states, failed=0, at=6.0) is None, "failed at once: its own error"
+    states[1].finished = True
+    assert stalled_before(states, failed=0, at=35.0) is None
+
+
+# The rank hook's counters ----------------------------------------------------------------------
+
+class Cell:
+    calls = 0
+
+    def __call__(self, inner: Optional["Cell"] = None, fail: bool = False):
+        Cell.calls += 1
+        if inner is not None:
+            inner()
+        if fail:
+            raise ValueError("inside the cell")
+        return "result"
+
+
+@pytest.fixture()
+def counted(monkeypatch, tmp_path):
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv(contract.EVENTS_FILE, str(events))
+    monkeypatch.setattr(progress, "_state", progress._Counters())
+    monkeypatch.setattr(progress, "INTERVAL", 0.05)
+    original = Cell.__call__
+    Cell.__call__ = progress.counting_call(original)  # type: ignore[method-assign]
+    yield events
+    Cell.__call__ = original  # type: ignore[method-assign]
+
+
+def test_only_the_main_threads_top_level_calls_count(counted) -> None:
+    outer, inner = Cell(), Cell()
+    assert outer(inner) == "result"
+    with pytest.raises(ValueError, match="inside the cell"):
+        outer(fail=True)
+    assert progress.snapshot() == (2, False, 0) and Cell.calls == 3
+    worker = threading.Thread(target=outer)
+    worker.start()
+    worker.join()
+    assert progress.snapshot()[0] == 2, "another thread's call is not a step"
+
+
+def test_progress_events_are_bounded_and_report_the_last_state(counted) -> None:
+    cell = Cell()
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:
+        cell()
+    time.sleep(0.2)
+    records = [line for line in counted.read_text().splitlines() if '"progress"' in line]
+    assert 2 <= len(records) <= 0.7 / progress.INTERVAL + 1
+    last = Event.parse(json.loads(records[-1]))
+    assert last is not None and last.count == progress.snapshot()[0] and last.busy is False
+
+
+def test_the_main_threads_frames_are_read_whatever_the_path_holds(tmp_path) -> None:
+    from launcher.stalls import _main_frames
+    dump = ('Thread 0x00007f00000000aa (most recent call first):\n'
+            '  File "/py/threading.py", line 331 in wait\n\n'
+            'Current thread 0x00007f00000000bb (most recent call first):\n'
+            '  File "/tmp/dir with \'single\' and "double" quotes/train.py", line 53 in hang_here\n'
+            '  File "/tmp/x.py", line 9 in <module>\n')
+    expected = ("/tmp/dir with 'single' and \"double\" quotes/train.py:53 in hang_here",
+                "/tmp/x.py:9 in <module>")
+    assert _main_frames(dump, "0x7f00000000bb") == expected, "ids are zero-padded in the dump"
+    assert _main_frames(dump, "") == expected, "else the thread that took the signal"
+    assert _main_frames(dump, "0x7f00000000aa") == ("/py/threading.py:331 in wait",)
