@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import checksums, npu_launch_argv
+from helpers import checksums, npu_launch_argv, per_rank
 
 from .jobs import (assert_no_job_processes, initialised, job_dir, job_pids, job_processes,
                    kill_in_host, launch_on, run_on_node0, wait_slowly, worker, write_hostfile)
@@ -158,8 +158,8 @@ def test_environment_reaches_remote_ranks_intact(ssh_cluster, weird_tmp: Path) -
                  str(script))
     result = run_on_node0(ssh_cluster, args, cwd=weird_tmp, env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    seen = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines()
-            if "ENV " in line]
+    seen = [json.loads(line.split("ENV ", 1)[1]) for line in per_rank(result.stdout).splitlines()
+            if "ENV " in line]  # the console shows the 4 alike lines once: [a:0-1 b:2-3] ENV ...
     assert len(seen) == 4
     for values in seen:
         assert values == {"FROM_FLAG": "x; rm -rf /tmp/nothing $HOME",
