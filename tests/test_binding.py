@@ -310,13 +310,17 @@ def test_bad_values_are_one_line_and_nothing_starts(weird_tmp: Path, args, needl
 
 
 def test_bind_numa_needs_numactl(weird_tmp: Path) -> None:
-    """numactl is not installed on this machine (only libnuma1): --bind-numa says so in one
-    line. Where it is installed, the dry run shows each rank under numactl."""
+    """A host without numactl (here: a PATH that holds only taskset): --bind-numa says so in one
+    line and starts nothing. With it (CI installs the numactl package), the dry run shows each
+    rank under numactl; ``test_binding_ranks`` runs them."""
     args = ("--device", "cpu", "--cards", "2", "--bind-numa", "--log-dir", str(weird_tmp / "logs"))
-    if shutil.which("numactl") is None:
-        result = run_launcher(*args, SCRIPT, "go", cwd=weird_tmp)
-        assert_one_line_error(result, "--bind-numa: numactl is not installed on this host")
-        assert not (weird_tmp / "logs").exists()
-        return
+    bare = weird_tmp / "bin"
+    bare.mkdir()
+    (bare / "taskset").symlink_to(shutil.which("taskset") or "/usr/bin/taskset")
+    result = run_launcher(*args, SCRIPT, "go", cwd=weird_tmp,
+                          env={**os.environ, "PATH": str(bare)})
+    assert_one_line_error(result, "--bind-numa: numactl is not installed on this host")
+    assert not (weird_tmp / "logs").exists()
+    assert shutil.which("numactl"), "numactl is installed (.ci/install-system-deps)"
     plan, _ = _dry_run(weird_tmp, *args[:-2])
     assert all(r["binding"]["numa"] and r["binding"]["mems"] for r in plan["ranks"])

@@ -58,8 +58,17 @@ def _scheduler_pid(job: str) -> int:
     raise AssertionError(f"job {job} runs no scheduler")
 
 
+def kernel_mems(pid: int) -> str:
+    """The memory policy of ``pid``'s mappings as the kernel keeps it (``/proc/<pid>/numa_maps``:
+    ``bind:0`` under ``numactl --membind=0``, ``default`` without): the distinct policies."""
+    policies = {line.split()[1] for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines()
+                if len(line.split()) > 1}
+    return ",".join(sorted(policies))
+
+
 def _run_bound(tmp: Path, job: str, cards: int, *options: str,
-               under: tuple[str, ...] = ()) -> tuple[dict[int, str], str, str]:
+               under: tuple[str, ...] = (),
+               mems: Optional[dict[int, str]] = None) -> tuple[dict[int, str], str, str]:
     """Start the affinity script on ``cards`` ranks (under ``under``, e.g. taskset); while they
     run, check what the kernel says of each against plan.json and against what the rank saw.
     Returns each rank's cores, the scheduler's, and the launcher's stderr."""
@@ -77,6 +86,8 @@ def _run_bound(tmp: Path, job: str, cards: int, *options: str,
             assert kernel_cores(int(pid)) == planned[rank] == cores, (rank, said[rank])
             assert cpus == f"cpus={planned[rank]}"
             assert msrun == "msrun=" + str(sorted(os.sched_getaffinity(int(pid)))).replace(" ", "")
+            if mems is not None:
+                mems[rank] = kernel_mems(int(pid))
         scheduler = kernel_cores(_scheduler_pid(job))
     finally:
         go.touch()
@@ -92,6 +103,19 @@ def test_each_rank_runs_on_its_block_of_the_allowed_cores(weird_tmp: Path) -> No
     assert list(cores.values()) == expected
     assert scheduler == format_cpu_list(ALLOWED), "the scheduler is not bound"
     assert f"npu-launch: cores: rank 0 -> {expected[0]}, rank 1 -> {expected[1]}" in err
+
+
+def test_bind_numa_runs_each_rank_under_numactl(weird_tmp: Path) -> None:
+    """numactl binds both the cores and the memory: the kernel's memory policy of every mapping
+    of each rank is ``bind`` to the NUMA nodes plan.json names (this machine has one, node 0;
+    an unbound process's policy is ``default``)."""
+    mems: dict[int, str] = {}
+    cores, _, _ = _run_bound(weird_tmp, "bind-numa", 2, "--bind-cores", "auto", "--bind-numa",
+                             mems=mems)
+    plan = json.loads((weird_tmp / "logs" / "plan.json").read_text())
+    planned = {r["rank"]: "bind:" + format_cpu_list(r["binding"]["mems"]) for r in plan["ranks"]}
+    assert mems == planned and set(mems) == {0, 1}, (mems, planned)
+    assert list(cores.values()) == [format_cpu_list(b) for b in split(ALLOWED, 2)]
 
 
 def test_a_list_is_split_and_ranks_share_a_core_when_short(weird_tmp: Path) -> None:
