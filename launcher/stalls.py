@@ -159,13 +159,22 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optional[Stall]:
-    """The rank silent longest past its limit while another stepped within the timeout."""
+    """The rank silent longest past its limit while another stepped within the timeout, and
+    went on for at least half the timeout after it went quiet (ranks of a synchronous job that
+    all stop together stop a hair apart: that is every rank silent, not one falling behind)."""
     states = list(ranks)
-    recent = {s.rank for s in states if s.progress.stepped_at is not None
-              and now - s.progress.stepped_at <= limits.timeout}
+    recent = [s for s in states if s.progress.stepped_at is not None
+              and now - s.progress.stepped_at <= limits.timeout]
+
+    def behind(s: Progress) -> bool:
+        since = s.progress.since
+        return since is not None and any(
+            r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > limits.timeout / 2
+            for r in recent)
+
     silent = [(s.progress.since, s.rank, s) for s in states
               if not s.done and s.progress.since is not None
-              and now - s.progress.since > limits.of(s.progress) and recent - {s.rank}]
+              and now - s.progress.since > limits.of(s.progress) and behind(s)]
     if not silent:
         return None
     since, _, worst = min(silent, key=lambda item: item[:2])

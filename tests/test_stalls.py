@@ -220,3 +220,15 @@ def test_the_main_threads_frames_are_read_whatever_the_path_holds(tmp_path) -> N
     assert _main_frames(dump, "0x7f00000000bb") == expected, "ids are zero-padded in the dump"
     assert _main_frames(dump, "") == expected, "else the thread that took the signal"
     assert _main_frames(dump, "0x7f00000000aa") == ("/py/threading.py:331 in wait",)
+
+
+def test_ranks_that_stop_a_hair_apart_are_not_one_falling_behind() -> None:
+    """Synchronous ranks blocked together: rank 0's last step arrived 0.3 s before rank 1's.
+    Once rank 0 is past the timeout, rank 1 stepped 'within it', but only just after rank 0
+    went quiet: that is everyone stopping (judged with the stacks), not rank 0 falling behind."""
+    states = stepping(2, until=5.0)
+    see(states[1], contract.EVENT_PROGRESS, 5.3, count=6, busy=False, loads=0)
+    assert find_stall(states, 15.2, LIMITS) is None
+    see(states[1], contract.EVENT_PROGRESS, 11.0, count=9, busy=False, loads=0)
+    stall = find_stall(states, 15.2, LIMITS)
+    assert stall is not None and stall.rank == 0, "rank 1 went on for 6 s after rank 0 stopped"
