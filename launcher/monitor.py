@@ -459,7 +459,8 @@ class JobMonitor:
     def phases_note(self) -> Optional[str]:
         """The line that says where the ranks' time went (``launcher.startup``)."""
         with self._lock:
-            return describe(self._state.summary()["phases"])
+            return describe(job_phases({r: state.marks.phases()
+                                        for r, state in self._state.ranks.items()}))
 
     def checkpoint_note(self) -> Optional[str]:
         """A line for a job that wrote checkpoints but completed none, else None."""
