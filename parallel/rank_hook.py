@@ -1,7 +1,9 @@
 """What npu-launch adds to every rank without the user writing a line (via ``_boot``).
 
 * An error report: an uncaught exception writes ``{rank, host, pid, exception, message,
-  traceback, timestamp}`` as JSON to ``$NPU_LAUNCH_ERROR_FILE`` before Python prints it.
+  traceback, timestamp}`` as JSON to ``$NPU_LAUNCH_ERROR_FILE`` as Python prints it (MindSpore's
+  graph compilation puts Python's default excepthook back: the hook is restored after it, and
+  an exit handler writes the report of an exception the hook missed).
 * A parent watch: the rank is killed by the kernel when its launcher dies, even by SIGKILL.
 * Start-up events: ``started`` at boot and ``initialised`` when MindSpore's communication
   ``init()`` returns, which is how the launcher tells a rank stuck before ``init()``.
@@ -17,6 +19,7 @@ Nothing here imports MindSpore.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import functools
@@ -47,6 +50,7 @@ def install() -> None:
         _die_with_parent(int(os.environ[contract.PARENT_PID]))
     if contract.ERROR_FILE in os.environ:
         sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
+        atexit.register(report_uncaught)
     if contract.STACK_FILE in os.environ:
         _dump_stack_on_request(os.environ[contract.STACK_FILE])
     if contract.EVENTS_FILE in os.environ:
@@ -115,6 +119,34 @@ def _reporting_excepthook(previous: ExceptHook, path: str) -> ExceptHook:
             sys.stderr.flush()
             write_error_report(path, exc_type, exc, tb)
     return hook
+
+
+def report_uncaught() -> None:
+    """At exit: the error report of an exception that escaped the script, if the excepthook did
+    not write it (something replaced ``sys.excepthook`` after the hook was installed; Python
+    keeps the exception in ``sys.last_value`` before it calls the hook)."""
+    path = os.environ.get(contract.ERROR_FILE)
+    exc = getattr(sys, "last_value", None)
+    if not path or exc is None or os.path.exists(path):
+        return
+    try:
+        write_error_report(path, type(exc), exc, exc.__traceback__)
+    except OSError:
+        pass
+
+
+def _keeping_excepthook(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``real`` (MindSpore's graph compilation), with ``sys.excepthook`` as it was before: on
+    CPU, compiling a first graph puts back Python's default hook, and with it goes the rank's
+    error report (and MindSpore's own exit handler, chained behind it)."""
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        before = sys.excepthook
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if sys.excepthook is sys.__excepthook__ and before is not sys.__excepthook__:
+                sys.excepthook = before
+    return functools.update_wrapper(compile, real)
 
 
 def write_error_report(path: str, exc_type: Type[BaseException], exc: BaseException,
@@ -191,8 +223,14 @@ def _patch_serialization(module: Any) -> None:
             setattr(module, name, progress.counting_load(getattr(module, name)))
 
 
+def _patch_graph_api(module: Any) -> None:
+    executor = module._CellGraphExecutor
+    executor.compile = _keeping_excepthook(executor.compile)
+
+
 _INIT_HOOK: dict[str, Callable[[Any], None]] = {
     "mindspore.communication.management": _patch_comm,
+    "mindspore.graph.api": _patch_graph_api,
 }
 _MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
     **_INIT_HOOK,
@@ -208,6 +246,8 @@ def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
         if os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
             wait_for_scheduler(os.environ)
         result = real_init(*args, **kwargs)
+        if contract.ERROR_FILE in os.environ:
+            atexit.register(report_uncaught)  # again: before MindSpore's own exit handlers
         events.emit(contract.EVENT_INITIALISED, exec_mode=_exec_mode())
         return result
     return functools.update_wrapper(init, real_init)
