@@ -305,7 +305,10 @@ def stalled_before(states: Iterable[Progress], failed: int, at: float) -> Option
         p = s.progress
         if s.rank == failed or p.since is None or s.finished:
             continue
-        apart = (victim.progress.busy and not p.busy) or p.count < victim.progress.count
+        # A suspect inside a step while the failed rank is not was waiting on it (a rank that
+        # raised between steps, then took seconds to tear its pipeline down).
+        behind = p.count < victim.progress.count and (victim.progress.busy or not p.busy)
+        apart = (victim.progress.busy and not p.busy) or behind
         if apart and at - p.since >= waited / 2:
             suspects.append((p.since, s.rank, s))
     if not suspects:

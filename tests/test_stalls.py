@@ -158,6 +158,17 @@ def test_the_stalled_rank_not_its_timed_out_peer_is_the_cause() -> None:
     assert stalled_before(states, failed=0, at=35.0) is None
 
 
+def test_a_rank_that_raised_between_steps_is_not_the_victim_of_its_peers_in_a_step() -> None:
+    """A bad host's rank raises after its step 33 and takes seconds to tear down; its peers wait
+    inside step 34's all-reduce with a lower count: they are not the stall."""
+    states = stepping(2, until=5.0, count=66)
+    see(states[0], contract.EVENT_PROGRESS, 5.3, count=67, busy=False, loads=0)
+    see(states[1], contract.EVENT_PROGRESS, 5.1, count=66, busy=True, loads=0)
+    assert stalled_before(states, failed=0, at=9.0) is None
+    see(states[1], contract.EVENT_PROGRESS, 5.2, count=66, busy=False, loads=0)
+    assert stalled_before(states, failed=0, at=9.0) is not None, "behind, outside a step"
+
+
 # The rank hook's counters ----------------------------------------------------------------------
 
 class Cell:
