@@ -68,6 +68,17 @@ class ResumePoint:
     replicas: Mapping[int, str]
     """Rank -> a file on node 0 that can stand in for it (a data-parallel replica)."""
 
+    def for_world(self, world: int) -> "ResumePoint":
+        """This data-parallel step as ``world`` ranks (fewer: ``--min-nodes`` left a host out)
+        resume it: ranks ``0..world-1`` keep their entries and paths (a rank now on a host that
+        has another rank's file gets node 0's replica), the others' go."""
+        manifest = Manifest.from_json(self.manifest)
+        files = tuple(f for f in manifest.files if f.rank < world)
+        smaller = dataclasses.replace(manifest, world_size=world, files=files)
+        return ResumePoint(self.step, smaller.to_json(),
+                           {r: p for r, p in self.paths.items() if r < world},
+                           {r: p for r, p in self.replicas.items() if r < world})
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ResumePoint":
         return cls(int(data["step"]), str(data["manifest"]),
@@ -149,6 +160,21 @@ class CheckpointLedger:
     def complete_steps(self) -> list[int]:
         with self._lock:
             return sorted(self._complete)
+
+    def reshape(self, world: int, collect: Collection[int], resumed: Optional[int]) -> None:
+        """The job goes on with ``world`` ranks from step ``resumed``: what the ranks report
+        after that step is of the attempts being redone, and is forgotten; so are the
+        reports of ranks that no longer exist from steps not complete."""
+        with self._lock:
+            self._world = world
+            self._collect = frozenset(collect)
+            for step in list(self._steps):
+                if resumed is None or step > resumed:
+                    self._steps.pop(step)
+                    self._complete.pop(step, None)
+                elif step not in self._complete:
+                    self._steps[step] = {r: rep for r, rep in self._steps[step].items()
+                                         if r < world}
 
     @property
     def storage(self) -> Optional[str]:

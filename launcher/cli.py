@@ -19,7 +19,8 @@ from click.core import ParameterSource
 from launcher import __version__
 from parallel import contract
 from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env_name,
-                             check_known_keys, parse_env_pairs, read_config_file)
+                             check_known_keys, fanout_in_force, parse_env_pairs,
+                             read_config_file)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from launcher.limits import shell_words, shown
@@ -92,8 +93,15 @@ def cli() -> None:
               help="The same, before a rank's first step and after a checkpoint load (graph "
               "compilation).")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
-              help="Restart the whole job after a failure, this many times at most (not after "
-              "start-up errors).")
+              help="Restart the whole job after a failure or a hang, this many times at most "
+              "in all (one budget for every node; not after start-up errors).")
+@click.option("--restart-backoff", type=float, help="Seconds to wait before the first restart, "
+              "doubled before each next one [default: 1].")
+@click.option("--restart-backoff-max", type=float, help="The longest wait between two attempts "
+              "[default: 60].")
+@click.option("--min-nodes", type=int, help="Leave a host whose ranks caused the last two "
+              "failures out of the next attempt, while at least this many hosts remain "
+              "(data parallelism: the global batch is kept).")
 @click.option("--bind-cores", metavar="auto|none|LIST", help="Bind each rank to CPU cores: "
               "auto (each card's CPU affinity from npu-smi, else this host's allowed cores "
               "split by local rank), none, or cores to split, e.g. 0-15 [default: none; auto "
@@ -126,6 +134,9 @@ def cli() -> None:
 @click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments, e.g. "
               "'-F ~/.ssh/cluster_config' (repeatable).")
 @click.option("--launcher-args", help="Extra arguments for srun or mpirun, one string.")
+@click.option("--fanout", type=int, help="At most this many ssh connections being set up at "
+              "once: preflight, --sync-workdir, and the node agents until each has started "
+              "(ssh; srun starts a Slurm job's nodes itself) [default: 32].")
 @click.option("--no-preflight", is_flag=True, help="Skip the host checks before a multi-node "
               "launch.")
 @click.option("--sync-workdir", is_flag=True, help="Copy the launch directory (logs left out, "
@@ -136,6 +147,10 @@ def cli() -> None:
               "model- or pipeline-parallel checkpoint, one data-parallel replica if node 0 runs "
               "no rank); --no-checkpoint-collect keeps files on their hosts (a wiped host then "
               "fails a restart).")
+@click.option("--compile-cache/--no-compile-cache", default=True, show_default=True,
+              help="Keep MindSpore's compile cache in the log dir, so that a restart loads its "
+              "graphs instead of compiling them (unless MS_COMPILER_CACHE_ENABLE or "
+              "MS_COMPILER_CACHE_PATH is set).")
 @click.option("--parallel", "parallel_mode", type=click.Choice(["data", "semi", "auto"]),
               help="Parallel mode the ranks apply (parallel.init) [default: data].")
 @click.option("--dp", type=int, help="Data-parallel size [default: world / (mp*pp)].")
@@ -173,13 +188,16 @@ def run_command(ctx: click.Context, **options: Any) -> int:
 @click.option("--master-port", type=int, help="Check this port is free on the first host.")
 @click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
 @click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments.")
+@click.option("--fanout", type=int, help="At most this many hosts being asked at once "
+              "[default: 32].")
 def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[str],
                       nnodes: Optional[int], device: str, master_port: Optional[int],
-                      ssh_port: Optional[int], ssh_options: tuple[str, ...]) -> int:
+                      ssh_port: Optional[int], ssh_options: tuple[str, ...],
+                      fanout: Optional[int]) -> int:
     """Check every host of HOSTFILE in parallel and print one table; exit 1 if any fails."""
+    options = TransportOptions(ssh_port, ssh_options, fanout=fanout_in_force(fanout))
     hosts = select_hosts(read_hostfile(hostfile), include, exclude, nnodes)
-    checks = run_preflight(hosts, TransportOptions(ssh_port, ssh_options), _working_dir(),
-                           DeviceKind(device), master_port)
+    checks = run_preflight(hosts, options, _working_dir(), DeviceKind(device), master_port)
     click.echo(render(checks))
     return 0 if all(c.ok for c in checks) else 1
 
@@ -273,6 +291,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         python=sys.executable,
         workdir=_working_dir(),
         checkpoint_collect=options["checkpoint_collect"],
+        compile_cache=options["compile_cache"],
         hostfile=options["hostfile"],
         include=options["include"],
         exclude=options["exclude"],
@@ -282,12 +301,16 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         ssh_port=options["ssh_port"],
         ssh_options=tuple(options["ssh_options"]),
         launcher_args=shell_words("--launcher-args", options["launcher_args"] or ""),
+        fanout=options["fanout"],
         preflight=not options["no_preflight"],
         sync_workdir=options["sync_workdir"],
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
         hang_grace=options["hang_grace"],
         max_restarts=options["max_restarts"],
+        restart_backoff=options["restart_backoff"],
+        restart_backoff_max=options["restart_backoff_max"],
+        min_nodes=options["min_nodes"],
         bind_cores=options["bind_cores"],
         bind_numa=options["bind_numa"],
         rank_table_timeout=options["rank_table_timeout"],

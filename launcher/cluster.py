@@ -1,6 +1,7 @@
 """Node 0 of a multi-node job: start the node agents, show their lines, end the job as one.
 
-The agents (``launcher.agent``) supervise their own ranks. Node 0 watches the agent processes
+The agents (``launcher.agent``) supervise their own ranks. Node 0 starts them with at most
+``--fanout`` connecting at once (``launcher.fanout``), and watches the agent processes
 (ssh clients, or one srun/mpirun): the first agent that reports a failed job, or exits
 non-zero, ends the job everywhere; so does SIGINT/SIGTERM/SIGHUP here. Stopping an agent means
 closing its stdin (ssh) or signalling srun/mpirun, which pass the signal on; every agent then
@@ -17,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from launcher import control
 from launcher.config import ConsoleFilter
+from launcher.fanout import Admission, open_files_needed, raise_open_files
 from launcher.failures import Cause, JobResult, Outcome, exit_code_of, last_lines_block
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec
@@ -33,6 +35,9 @@ class AgentLaunch:
 
     spec: ProcessSpec
     stdin: Optional[bytes]
+    fanout: Optional[int] = None
+    """At most this many of the job's agents connecting at once (``--fanout``, ssh); None for
+    one srun or mpirun, which fans out itself."""
 
 
 class StreamedLogs:
@@ -79,19 +84,29 @@ class NodeAgents:
         self._wake = threading.Event()
         self._ended: list[Exit] = []
         self._finish_sent = False
+        bound = min((a.fanout for a in agents if a.fanout is not None), default=len(agents))
+        self._admission = Admission(agents, lambda a: a.spec.label, max(bound, 1))
 
     def start(self, group: ProcessGroup, wake: threading.Event) -> None:
+        """Start the first ``--fanout`` agents; ``check`` starts the others as those connect."""
         self._wake = wake
-        for agent in self._agents:
+        raise_open_files(open_files_needed(len(self._agents), self._plan.world_size))
+        self._start_due(group)
+
+    def _start_due(self, group: ProcessGroup) -> None:
+        for agent in self._admission.due():
             group.start(agent.spec, self._line_sink(agent.spec), agent.stdin)
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._ended += exits
+        for exit_ in exits:
+            self._admission.ended(exit_.spec.label)
         if not self._finish_sent and len(self._nodes_done) == self._plan.nnodes:
             group.send(control.FINISH)
             self._finish_sent = True
         if self._failed_results() or any(not e.ok for e in self._ended):
             return Outcome.FAILED
+        self._start_due(group)
         if len(self._ended) == len(self._agents):
             return Outcome.SUCCEEDED
         return None
@@ -125,6 +140,8 @@ class NodeAgents:
 
         def sink(line: bytes) -> None:
             if line.startswith(control.MARK):  # an agent's own; a rank's lines start "[host:rank]"
+                if self._admission.set_up(agent.label):
+                    self._wake.set()  # the next agent may connect
                 self._on_control(control.decode(line))  # garbled: dropped, like a bad event
                 return
             match = _RANK_PREFIX.match(line)

@@ -57,6 +57,12 @@ class ConsoleFilter:
         return ",".join(map(str, sorted(self.ranks))) or "none"
 
 
+DEFAULT_BACKOFF = 1.0
+"""Seconds before the first restart (``--restart-backoff``); doubled before each next one."""
+DEFAULT_BACKOFF_MAX = 60.0
+"""The longest wait between two attempts (``--restart-backoff-max``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """Everything one launch needs, already checked. ``cards=None`` means every card found."""
@@ -85,6 +91,9 @@ class LaunchConfig:
     """Node 0 gathers what a restart needs from hosts that share no storage with it
     (``launcher.collect``); off (``--no-checkpoint-collect``), files stay on their hosts and
     are only tracked."""
+    compile_cache: bool = True
+    """Ranks keep MindSpore's compile cache in the log dir, so a restart does not compile again
+    (``launcher.plan.compile_cache_dir``); off: ``--no-compile-cache``."""
     hostfile: Optional[str] = None
     include: Optional[str] = None
     exclude: Optional[str] = None
@@ -94,12 +103,23 @@ class LaunchConfig:
     ssh_port: Optional[int] = None
     ssh_options: tuple[str, ...] = ()
     launcher_args: tuple[str, ...] = ()
+    fanout: Optional[int] = None
+    """``--fanout``: at most this many ssh connections set up at once (preflight, the copies of
+    ``--sync-workdir``, the agents; ``launcher.fanout``); None: not given, ``ssh_fanout``."""
     preflight: bool = True
     sync_workdir: bool = False
     server_id: Optional[str] = None
     hang_timeout: float = 600.0
     hang_grace: float = 1800.0
     max_restarts: int = 0
+    restart_backoff: Optional[float] = None
+    """``--restart-backoff``: seconds before the first restart, doubled before each next one
+    (None: not given, ``DEFAULT_BACKOFF``)."""
+    restart_backoff_max: Optional[float] = None
+    """``--restart-backoff-max``: the longest wait between attempts (None: ``DEFAULT_BACKOFF_MAX``)."""
+    min_nodes: Optional[int] = None
+    """``--min-nodes``: a host whose ranks caused the last two failures is left out of the next
+    attempt while at least this many hosts remain (None: never leave one out)."""
     bind_cores: Optional[str] = None
     """``--bind-cores``: ``auto``, ``none`` or a CPU list (``launcher.binding``); None: not
     given (none, or auto with ``--bind-numa``)."""
@@ -123,6 +143,11 @@ class LaunchConfig:
             _check_text("a script argument", arg)
         check_binding(self.bind_cores, self.bind_numa, self.env)
 
+    @property
+    def ssh_fanout(self) -> int:
+        """The ``--fanout`` in force: as given, else ``limits.DEFAULT_FANOUT``."""
+        return fanout_in_force(self.fanout)
+
     def _check_script(self) -> None:
         if not self.script:
             raise ConfigError("no script given: npu-launch [OPTIONS] SCRIPT [ARGS]...")
@@ -140,12 +165,16 @@ class LaunchConfig:
         _check_range("--node-rank", self.node_rank, 0, limits.MAX_NODES - 1, "node index")
         _check_range("--master-port", self.master_port, 1, 65535, "TCP port")
         _check_range("--ssh-port", self.ssh_port, 1, 65535, "TCP port")
+        fanout_in_force(self.fanout)
         _check_range("--max-restarts", self.max_restarts, 0, limits.MAX_RESTARTS, "restarts")
+        _check_range("--min-nodes", self.min_nodes, 1, limits.MAX_NODES, "nodes")
         for option, seconds in (("--kill-timeout", self.kill_timeout),
                                 ("--startup-timeout", self.startup_timeout),
                                 ("--hang-timeout", self.hang_timeout),
                                 ("--hang-grace", self.hang_grace),
-                                ("--rank-table-timeout", self.rank_table_timeout or 0.0)):
+                                ("--rank-table-timeout", self.rank_table_timeout or 0.0),
+                                ("--restart-backoff", self.restart_backoff or 0.0),
+                                ("--restart-backoff-max", self.restart_backoff_max or 0.0)):
             if not 0 <= seconds <= limits.MAX_TIMEOUT:  # also refuses nan
                 raise ConfigError(f"{option} {seconds}: expected seconds between 0 and "
                                   f"{limits.MAX_TIMEOUT:.0f} (a week)")
@@ -179,6 +208,7 @@ class LaunchConfig:
             if self.debug and value is not None:
                 raise ConfigError(f"--debug runs one card on this host; it goes without "
                                   f"{option}")
+        self._check_restarts()
         if self.rank_table and self.hostfile:
             raise ConfigError("--rank-table goes without --hostfile: in rank-table mode start "
                               "npu-launch on each server of the table (--server-id picks its "
@@ -189,6 +219,9 @@ class LaunchConfig:
         for option, value in (("--include", self.include), ("--exclude", self.exclude)):
             if value is not None and not self.hostfile:
                 raise ConfigError(f"{option} filters the hosts of a --hostfile; none given")
+        if self.fanout is not None and not self.hostfile:
+            raise ConfigError("--fanout bounds the ssh connections to the hosts of a --hostfile; "
+                              "none given (srun starts a Slurm job's nodes itself)")
         if self.sync_workdir and not self.hostfile:
             raise ConfigError("--sync-workdir copies the launch directory over ssh to the hosts "
                               "of a --hostfile; none given (a Slurm job needs it on every node "
@@ -196,6 +229,26 @@ class LaunchConfig:
         if self.sync_workdir and not self.preflight:
             raise ConfigError("--sync-workdir copies where preflight finds the launch directory "
                               "missing or different; it goes without --no-preflight")
+
+    def _check_restarts(self) -> None:
+        for option, value in (("--restart-backoff", self.restart_backoff),
+                              ("--restart-backoff-max", self.restart_backoff_max),
+                              ("--min-nodes", self.min_nodes)):
+            if value is not None and not self.max_restarts:
+                raise ConfigError(f"{option} is about restarts; this job restarts never "
+                                  "(give --max-restarts N)")
+        first, cap = self.restart_backoff, self.restart_backoff_max
+        if first is not None and cap is not None and cap < first:
+            raise ConfigError(f"--restart-backoff-max {cap:g} is shorter than --restart-backoff "
+                              f"{first:g}")
+
+    @property
+    def backoff(self) -> tuple[float, float]:
+        """(the wait before the first restart, the longest wait), as given or by default."""
+        first = DEFAULT_BACKOFF if self.restart_backoff is None else self.restart_backoff
+        if self.restart_backoff_max is None:
+            return first, max(first, DEFAULT_BACKOFF_MAX)
+        return first, self.restart_backoff_max
 
     def _check_manual_node(self, node_rank: int) -> None:
         """``--node-rank`` starts this node's share of a job started by hand on every node."""
@@ -216,6 +269,12 @@ _ADDRESS = re.compile(r"[A-Za-z0-9_:.%\[\]-]{1,253}")
 def _check_range(option: str, value: Optional[int], low: int, high: int, what: str) -> None:
     if value is not None and not low <= value <= high:
         raise ConfigError(f"{option} {value}: expected {low}-{high} ({what})")
+
+
+def fanout_in_force(value: Optional[int]) -> int:
+    """``--fanout`` as given (``ConfigError`` outside 1-``MAX_FANOUT``), else its default."""
+    _check_range("--fanout", value, 1, limits.MAX_FANOUT, "ssh connections set up at once")
+    return limits.DEFAULT_FANOUT if value is None else value
 
 
 def _check_text(what: str, value: str) -> None:

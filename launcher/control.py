@@ -1,4 +1,4 @@
-"""Control lines: how a node agent tells node 0 about events, its ranks' end and its result.
+"""Control lines: how a node agent tells node 0 it runs, its events, its ranks' end and its result.
 
 They travel in the agent's stdout among its ranks' ``[host:rank]`` lines, marked by a record
 separator byte no program prints by accident, one JSON object per line, so ssh, srun and mpirun
@@ -17,6 +17,7 @@ MARK = b"\x1eNPL "
 EVENT = "event"
 RESULT = "result"
 NODE_DONE = "node-done"
+AGENT_UP = "agent-up"
 FINISH = b"finish\n"
 """Node 0 -> agents, on stdin: every node's ranks are done."""
 
@@ -28,7 +29,13 @@ class NodeDone:
     node_rank: int
 
 
-Message = Union[Event, JobResult, NodeDone]
+@dataclasses.dataclass(frozen=True)
+class AgentUp:
+    """An agent's first line: it runs, so its connection is set up (node 0's ``--fanout``
+    counts it as connecting until then)."""
+
+
+Message = Union[Event, JobResult, NodeDone, AgentUp]
 
 
 def encode(kind: str, payload: dict[str, Any]) -> bytes:
@@ -48,6 +55,10 @@ def node_done_line(node_rank: int) -> bytes:
     return encode(NODE_DONE, {"node_rank": node_rank})
 
 
+def agent_up_line() -> bytes:
+    return encode(AGENT_UP, {})
+
+
 def decode(line: bytes) -> Optional[Message]:
     """The message in ``line``; None for an ordinary output line or a garbled control line."""
     if not line.startswith(MARK):
@@ -61,6 +72,8 @@ def decode(line: bytes) -> Optional[Message]:
             return JobResult.from_json(record)
         if kind == NODE_DONE:
             return NodeDone(int(record["node_rank"]))
+        if kind == AGENT_UP:
+            return AgentUp()
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return None

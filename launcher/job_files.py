@@ -22,7 +22,7 @@ from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE
                              whole_number)
 from launcher import startup
 from launcher.monitor import JobState, build_summary, exec_mode_of
-from parallel.contract import EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from parallel.config import ExecMode
 from rank_tables.bounded import (JSON_DECODER, LongNumber, UnreadableFile, display_name,
                                  parse_json, read_text)
@@ -265,6 +265,33 @@ class RankRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttemptRow:
+    """One attempt of the job (summary.json's ``attempts``), as the report lists it."""
+
+    attempt: Optional[int]
+    outcome: str
+    duration_s: Optional[float]
+    resumed_from: Optional[int]
+    nodes: Optional[int]
+    world_size: Optional[int]
+    waited_s: Optional[float]
+    cause: str
+    """Whose failure ended it: ``rank 3 on vm2``, ``agent on vm2``, or ""."""
+
+    @classmethod
+    def parse(cls, fields: _Fields) -> "AttemptRow":
+        cause = fields.object("cause") or {}
+        said = fields.nested(cause, fields.where + "cause")
+        process, rank, host = said.get("process", _text), said.get("rank", _rank), \
+            said.get("host", _text)
+        who = f"rank {rank}" if rank is not None else (process or "")
+        return cls(fields.get("attempt", _whole), fields.get("outcome", _text, "?"),
+                   fields.get("duration_s", _real), fields.get("resumed_from", _whole),
+                   fields.get("nodes", _whole), fields.get("world_size", _whole),
+                   fields.get("waited_s", _real), f"{who} on {host}" if who and host else who)
+
+
+@dataclasses.dataclass(frozen=True)
 class JobSummary:
     """What the report says about the job: summary.json's fields, typed."""
 
@@ -283,6 +310,7 @@ class JobSummary:
     ranks: tuple[RankRow, ...]
     phases: tuple[tuple[str, float, int, float], ...] = ()
     """(phase, the slowest rank's seconds, that rank, the median): ``launcher.startup``."""
+    attempts: tuple[AttemptRow, ...] = ()
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any], file: str, notes: Notes) -> tuple["JobSummary", int]:
@@ -299,7 +327,9 @@ class JobSummary:
                       global_samples_per_s=fields.get("global_samples_per_s", _real),
                       last_step=fields.get("last_step", _whole), checkpoint_files=len(checkpoints),
                       checkpoint_steps=tuple(sorted(s for s in steps if s is not None)), ranks=ranks,
-                      phases=_phases(fields.object("phases")))
+                      phases=_phases(fields.object("phases")),
+                      attempts=tuple(AttemptRow.parse(fields.nested(a, where))
+                                     for where, a in fields.objects("attempts")))
         return summary, fields.read
 
 
@@ -487,5 +517,7 @@ def derive_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     times = [r["time"] for r in records if "time" in r]
     for event in filter(None, map(Event.parse, records)):
         state.apply(event, event.time or 0.0)
+    state.attempts = [{k: v for k, v in r.items() if k not in ("event", "time")}
+                      for r in records if r.get("event") == EVENT_ATTEMPT]
     return build_summary(job.get("job_id", "?"), state, min(times, default=None),
                          max(times, default=None), "unknown", None)

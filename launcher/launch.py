@@ -14,6 +14,7 @@ import importlib.util
 import io
 import os
 import secrets
+import signal
 import socket
 import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
@@ -26,7 +27,7 @@ from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh import SshBackend
 from launcher.binding import bind_node
-from launcher.checkpoints import CheckpointLedger
+from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.cluster import run_agents
 from launcher.console_lines import RankLines
 from launcher.collect import launcher_node, mark_storage
@@ -35,7 +36,7 @@ from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
-from launcher.failures import JobResult, Outcome, stall_cause
+from launcher.failures import Cause, JobResult, Outcome, stall_cause
 from launcher.monitor import JobMonitor
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
@@ -43,13 +44,16 @@ from launcher.output import Console
 from launcher.payload import serving
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
+from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, Policy, blamed_host,
+                               host_to_leave_out, shrink_problem)
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
 from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Limits, StackSample, Stall,
                              describe_stall, native_path, stalled_before)
 from launcher.supervisor import print_message, run_local
+from launcher.watch import wait_unless_signalled
 from launcher.workdir_sync import LaunchDir, sync_stale_hosts
-from parallel.contract import Event
+from parallel.contract import BadInput, Event
 from rank_tables.table import RankTable
 
 
@@ -66,6 +70,9 @@ class Job:
     """Done once every check passed, before anything starts (``--sync-workdir``'s copy)."""
     pod: Optional[pods.Pod] = None
     """The operator's Kubernetes pod this node's share runs in (``launcher.pods``)."""
+    without: Optional[Callable[[str], "Job"]] = None
+    """``--min-nodes``: this job without one of its hosts (its ranks renumbered, the same job
+    id, log directory and secret); ``ConfigError`` when the layout no longer fits."""
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -97,9 +104,9 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     console = _console(job, config, out)
     try:
         result = run_with_restarts(job, config, environ, console,
-                                   Attempts(monitor, ledger, hangs, _stack_paths(job.plan)),
-                                   err)
-        for note in (monitor.phases_note(), monitor.checkpoint_note()):
+                                   Attempts(monitor, ledger, hangs), err)
+        for note in (monitor.attempts_note(config.max_restarts), monitor.phases_note(),
+                     monitor.checkpoint_note()):
             if note is not None:
                 result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
         return result
@@ -116,36 +123,103 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
                       console: Console, attempts: "Attempts", err: TextIO) -> JobResult:
-    """Run the job; after a failure that came once every rank had started (not an import
-    error or a bad argument, which would fail again), start it anew up to ``--max-restarts``
-    times. The ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger
-    knows complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it."""
+    """Run the job; after a failure or a hang that came once every rank had started (not an
+    import error or a bad argument, which would fail again), start it anew, up to
+    ``--max-restarts`` times in all, waiting the backoff first (``launcher.restarts``). The
+    ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
+    complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
+    a host blamed for the last two failures is left out (``_leave_out``)."""
+    policy = Policy(config.max_restarts, *config.backoff, config.min_nodes)
+    blamed: list[Optional[str]] = []
+    left_out: list[str] = []
+    waited = 0.0
     while True:
-        attempt = attempts.begin()
+        attempt = attempts.begin(job.plan)
+        started = time.time()
         result = attempt.blame(run_job(job, config, environ, console, attempt))
+        plan = job.plan
+        attempts.monitor.attempt_ended(AttemptRecord.of(
+            plan.restart, started, result, plan.resume.step if plan.resume else None,
+            plan.hosts, plan.world_size, waited, left_out))
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
-        again = job.plan.restart + 1
-        if not restartable or again > config.max_restarts or not attempt.all_of(job.plan):
+        again = plan.restart + 1
+        if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
             return result
+        blamed.append(blamed_host(result))
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
-        err.write(f"npu-launch: restart {again} of {config.max_restarts} after: "
+        waited = policy.wait_before(again)
+        err.write(f"npu-launch: restart {again} of {policy.max_restarts}"
+                  f"{f' in {waited:g} s' if waited else ''} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
-        job = dataclasses.replace(job, plan=job.plan.restarted(again,
-                                                               attempts.ledger.resume_point()))
+        job, resume, gone = _leave_out(job, blamed, policy, attempts, err)
+        if gone is not None:
+            left_out.append(gone)
+            blamed.clear()
+        signum = wait_unless_signalled(waited)
+        if signum is not None:
+            return _stopped_waiting(result, plan.job_id, signum)
+        job = dataclasses.replace(job, plan=job.plan.restarted(again, resume))
+
+
+def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy) -> bool:
+    """Whether a failure may be restarted: every rank had initialised communication; with
+    ``--min-nodes``, every rank had called ``init()`` (a rank that fails inside it, where a bad
+    card or network shows, may be its host's fault; one that fails before, in its imports or
+    arguments, fails again anywhere)."""
+    return attempt.all_of(plan) or (policy.min_nodes is not None and attempt.all_called_init(plan))
+
+
+def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
+               attempts: "Attempts", err: TextIO) -> tuple[Job, Optional[ResumePoint], Optional[str]]:
+    """The job the next attempt runs, the step it resumes from, and the host it runs without
+    (None: every host stays). A host leaves when ``restarts.host_to_leave_out`` names it and
+    the job can go on without it: the layout still fits and the global batch splits over the
+    ranks left; else the attempt runs on every host again, and one line says why."""
+    plan, ledger = job.plan, attempts.ledger
+    resume = ledger.resume_point()
+    host = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
+    if host is None or job.without is None:
+        return job, resume, None
+    after = plan.world_size - sum(1 for spec in plan.ranks if spec.host == host)
+    problem = shrink_problem(plan.world_size, after, attempts.monitor.global_batch())
+    smaller = None
+    if problem is None:
+        try:
+            smaller = job.without(host)
+        except (ConfigError, BadInput) as e:
+            problem = str(e)
+    if smaller is None:
+        err.write(f"npu-launch: {host} caused the last {BLAMED_IN_A_ROW} failures but stays in "
+                  f"the job: {problem}\n")
+        return job, resume, None
+    new = smaller.plan
+    err.write(f"npu-launch: leaving {host} out: its ranks caused the last {BLAMED_IN_A_ROW} "
+              f"failures; {new.nnodes} host(s) and {new.world_size} rank(s) go on "
+              f"(--min-nodes {policy.min_nodes}), the global batch kept\n")
+    ledger.reshape(new.world_size, new.collect_ranks, resume.step if resume else None)
+    return smaller, resume.for_world(new.world_size) if resume else None, host
+
+
+def _stopped_waiting(failed: JobResult, job_id: str, signum: int) -> JobResult:
+    name = signal.Signals(signum).name
+    return JobResult(Outcome.INTERRUPTED, 128 + signum,
+                     f"npu-launch: job {job_id} stopped by {name} while waiting to restart "
+                     f"(nothing was running)\n{failed.message}", time.time(),
+                     Cause(Outcome.INTERRUPTED, signal=name))
 
 
 @dataclasses.dataclass(frozen=True)
 class Attempts:
-    """What outlives one attempt of the job: the monitor, the checkpoint ledger, the hang
-    check, and where node 0 keeps each rank's stacks."""
+    """What outlives one attempt of the job: the monitor, the checkpoint ledger and the hang
+    check."""
 
     monitor: JobMonitor
     ledger: CheckpointLedger
     hangs: Optional[HangCheck] = None
-    stack_paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
-    def begin(self) -> "Attempt":
-        return Attempt(self.monitor, self.hangs, self.ledger, self.stack_paths)
+    def begin(self, plan: LaunchPlan) -> "Attempt":
+        return Attempt(self.monitor, self.hangs, self.ledger, _stack_paths(plan),
+                       {s.rank: s.host for s in plan.ranks if s.rank is not None})
 
 
 class Attempt:
@@ -157,19 +231,23 @@ class Attempt:
 
     def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
                  ledger: Optional[CheckpointLedger] = None,
-                 stack_paths: Mapping[int, str] = {}) -> None:
+                 stack_paths: Mapping[int, str] = {},
+                 ranks: Optional[Mapping[int, str]] = None) -> None:
         self.monitor = monitor
         self.hangs = hangs
         self.ledger = ledger
         self._stack_paths = stack_paths
         self.initialised: set[int] = set()
-        monitor.begin_attempt()
+        self.calling_init: set[int] = set()
+        monitor.begin_attempt(ranks)
         if hangs is not None:
             hangs.begin_attempt()
 
     def event(self, event: Event) -> None:
         if event.kind == contract.EVENT_INITIALISED:
             self.initialised.add(event.rank)
+        elif event.kind == contract.EVENT_INIT_STARTED:
+            self.calling_init.add(event.rank)
         elif event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
             self.ledger.record(event)
         elif event.kind == contract.EVENT_STACK:
@@ -185,6 +263,9 @@ class Attempt:
 
     def all_of(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.initialised
+
+    def all_called_init(self, plan: LaunchPlan) -> bool:
+        return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
 
     def blame(self, result: JobResult) -> JobResult:
         """``result``, or, when its failed rank was waiting on one that had stopped making
@@ -329,6 +410,10 @@ def _check_for_kind(config: LaunchConfig, kind: LauncherKind) -> None:
         raise ConfigError(f"--ssh-port/--ssh-option: this job starts "
                           f"{'with srun' if kind is LauncherKind.SLURM else 'on this host'}, "
                           "not over ssh")
+    if kind is LauncherKind.LOCAL and config.min_nodes is not None:
+        raise ConfigError("--min-nodes leaves a failing host out of a multi-node job; this job "
+                          "runs on this host only (give a --hostfile, or run in a Slurm "
+                          "allocation)")
     if kind is LauncherKind.LOCAL and not config.checkpoint_collect:
         raise ConfigError("--no-checkpoint-collect: this job starts no node agents, so every "
                           "checkpoint is on this host already")
@@ -392,32 +477,67 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
         raise ConfigError("--sync-workdir copies over ssh; this job starts with srun, and a "
                           "Slurm job needs its launch directory on every node already (shared "
                           "storage, or sbcast)")
-    options = TransportOptions(config.ssh_port, config.ssh_options, config.launcher_args)
-    backend = _backend(config, kind, environ, options)
-    hosts = backend.hosts()
+    options = TransportOptions(config.ssh_port, config.ssh_options, config.launcher_args,
+                               config.ssh_fanout)
+    hosts = _selected_hosts(config, kind, environ, options)
+    _check_min_nodes(config, len(hosts))
     port = config.master_port or ports.free_port("")
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
     sync = None
     if kind is not LauncherKind.SLURM and config.preflight:
         device, sync = _preflight(config, hosts, options, device, port, err)
-    nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
-                  for i, h in enumerate(hosts))
-    master_addr = config.master_addr or _address_of(hosts[0].host)
     extra = forwarded_env(environ, config.workdir)
-    here = launcher_node([h.host for h in hosts])
-    return Job(_plan(config, environ, nodes, device, master_addr, port, extra, agents=True,
-                     launcher_node=here), backend, 0, before_start=sync)
+
+    def on(kept: list[HostSelection], like: Optional[LaunchPlan] = None) -> Job:
+        """The job on ``kept`` hosts; like ``like`` (a smaller job of the same plan)."""
+        nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
+                      for i, h in enumerate(kept))
+        master_addr = config.master_addr if config.master_addr and like is None \
+            else _address_of(kept[0].host)
+        told = {**extra, contract.PLANNED_WORLD: str(like.planned_world)} if like else extra
+        plan = _plan(config, environ, nodes, device, master_addr, port, told, agents=True,
+                     launcher_node=launcher_node([h.host for h in kept]), same_as=like)
+        backend = _hostfile_backend(config, kind, environ, options, kept)
+
+        def without(host: str) -> Job:
+            return on([h for h in kept if h.host != host], plan)
+        return Job(plan, backend, 0, before_start=sync if like is None else None,
+                   without=without if config.min_nodes is not None else None)
+    return on(hosts)
 
 
-def _backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
-             options: TransportOptions) -> Backend:
+def _check_min_nodes(config: LaunchConfig, hosts: int) -> None:
+    if config.min_nodes is None:
+        return
+    if config.min_nodes > hosts:
+        raise ConfigError(f"--min-nodes {config.min_nodes}: the job has {hosts} host(s)")
+    layout = config.parallel
+    if layout.needs_ascend:
+        raise ConfigError(f"--min-nodes: the layout (mode {layout.mode.value}, mp {layout.mp}, "
+                          f"pp {layout.pp}) cannot go on with fewer hosts: its checkpoint "
+                          "slices belong to their ranks; only data parallelism can")
+
+
+def _selected_hosts(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
+                    options: TransportOptions) -> list[HostSelection]:
     if kind is LauncherKind.SLURM:
-        return SlurmBackend(environ, config.cards or 1, config.nnodes, options)
+        return _slurm(config, environ, options).hosts()
     if not config.hostfile:
         raise ConfigError(f"--launcher {kind.value}: needs --hostfile")
-    hosts = select_hosts(read_hostfile(config.hostfile), config.include, config.exclude,
-                         config.nnodes)
+    return select_hosts(read_hostfile(config.hostfile), config.include, config.exclude,
+                        config.nnodes)
+
+
+def _hostfile_backend(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
+                      options: TransportOptions, hosts: list[HostSelection]) -> Backend:
+    if kind is LauncherKind.SLURM:
+        return _slurm(config, environ, options).only(hosts)
     return SshBackend(hosts, options) if kind is LauncherKind.SSH else MpiBackend(hosts, options)
+
+
+def _slurm(config: LaunchConfig, environ: Mapping[str, str],
+           options: TransportOptions) -> SlurmBackend:
+    return SlurmBackend(environ, config.cards or 1, config.nnodes, options)
 
 
 def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: TransportOptions,
@@ -495,13 +615,16 @@ class TableLayout:
 def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, ...],
           device: DeviceKind, master_addr: str, port: int, extra: Mapping[str, str],
           table: Optional[TableLayout] = None, agents: bool = False,
-          launcher_node: Optional[int] = None) -> LaunchPlan:
+          launcher_node: Optional[int] = None, same_as: Optional[LaunchPlan] = None) -> LaunchPlan:
+    """The job's plan; ``same_as``: a plan of the same job on other hosts (its id, log
+    directory and secret kept)."""
     world = table.world_size if table else sum(len(n.cards) for n in nodes)
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json()}
-    job_id = config.job_id or new_job_id()
-    log_dir = os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
+    job_id = same_as.job_id if same_as else config.job_id or new_job_id()
+    log_dir = same_as.log_dir if same_as else \
+        os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None
     if table_path == AUTO:
         table_path = os.path.join(log_dir, GENERATED_NAME)
@@ -510,7 +633,8 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
         device=device, nodes=nodes, base_pythonpath=environ.get("PYTHONPATH", ""),
         boot_dir=boot_dir(), extra_env=dict(extra), inherited=frozenset(environ),
         assignments=table.assignments if table else None, rank_table_path=table_path,
-        world_size=world, agents=agents, token=secrets.token_hex(16),
+        world_size=world, agents=agents,
+        token=same_as.token if same_as else secrets.token_hex(16),
         replicated=not parallel.needs_ascend, launcher_node=launcher_node,
     )
     return build_plan(config, inputs)

@@ -37,12 +37,14 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO, TypeVar
 
 from launcher.failures import Cause
+from launcher.restarts import AttemptRecord
 from launcher.stalls import RankProgress, Stall
 from launcher.console_lines import runs_text
 from launcher.startup import Marks, describe, job_phases
 from parallel import contract
 from parallel.config import ExecMode
-from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from parallel.contract import (EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE,
+                               Event)
 from parallel.manifest import atomic_write_bytes
 
 _LIVE_INTERVAL = 1.0
@@ -140,6 +142,16 @@ class JobState:
         self.storage: Optional[str] = None
         """``shared`` or ``private``: whether node 0 found every rank's files (the ledger's
         ``storage``)."""
+        self.attempts: list[dict[str, Any]] = []
+        """Each attempt of the job as it ended (``restarts.AttemptRecord``), in order."""
+        self.global_batch: Optional[int] = None
+        """Every rank's batch together, as the ranks' readers last reported it (``data``)."""
+
+    def reshape(self, ranks: Mapping[int, str]) -> None:
+        """The job goes on with these ranks on these hosts (``--min-nodes`` left a host out):
+        a rank that no longer exists leaves the table; its records stay in metrics.jsonl."""
+        self.ranks = {r: dataclasses.replace(self.ranks[r], host=h) if r in self.ranks
+                      else RankState(r, h) for r, h in sorted(ranks.items())}
 
     def apply(self, event: Event, seen_at: float) -> None:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
@@ -173,7 +185,8 @@ class JobState:
                 "ranks": ranks,
                 "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
                 "complete_steps": complete, "checkpoints_sent": dict(self.transferred),
-                "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage}
+                "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage,
+                "attempts": list(self.attempts)}
 
     def complete_steps(self) -> list[int]:
         """Steps every rank of the job reported a checkpoint of (on whatever host)."""
@@ -213,6 +226,12 @@ def _on_eval(job: JobState, state: RankState, event: Event, seen_at: float) -> N
     state.evals.append(Evaluation.of(event))
 
 
+def _on_data(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    size = event.record.get("global_batch")
+    if type(size) is int and size > 0:
+        job.global_batch = size
+
+
 T = TypeVar("T")
 
 
@@ -229,6 +248,7 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
     contract.EVENT_CHECKPOINT: _on_checkpoint,
     contract.EVENT_FINISHED: _on_finished,
     contract.EVENT_EVAL: _on_eval,
+    contract.EVENT_DATA: _on_data,
 }
 
 
@@ -429,15 +449,34 @@ class JobMonitor:
             if now >= self._next_status:
                 self._show_status(now)
 
-    def begin_attempt(self) -> None:
+    def begin_attempt(self, ranks: Optional[Mapping[int, str]] = None) -> None:
         """A (restarted) job begins: no rank has made progress, finished or exited in it yet;
-        what it reported before (steps, losses, evaluations) stays for the summary."""
+        what it reported before (steps, losses, evaluations) stays for the summary. ``ranks``:
+        the attempt's ranks and hosts, when they changed (``--min-nodes``)."""
         with self._lock:
+            if ranks is not None and ranks != {r: s.host for r, s in self._state.ranks.items()}:
+                self._state.reshape(ranks)
             for state in self._state.ranks.values():
                 state.progress = RankProgress()
                 state.marks = Marks()
                 state.finished = state.exited = False
                 state.exit_code = None
+
+    def attempt_ended(self, record: AttemptRecord) -> None:
+        """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
+        summary.json's ``attempts``."""
+        entry = record.to_json()
+        with self._lock:
+            self._state.attempts.append(entry)
+            self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry})
+            if self._metrics is not None:  # a backoff follows: no tick flushes it
+                self._metrics.flush()
+                self._dirty = False
+
+    def global_batch(self) -> Optional[int]:
+        """The job's global batch, as its ranks' readers reported it; None before any did."""
+        with self._lock:
+            return self._state.global_batch
 
     def on_transfer(self, size: int, seconds: float) -> None:
         """Node 0 sent ``size`` bytes of checkpoint to a node that lacked them (any thread)."""
@@ -461,6 +500,17 @@ class JobMonitor:
         with self._lock:
             return describe(job_phases({r: state.marks.phases()
                                         for r, state in self._state.ranks.items()}))
+
+    def attempts_note(self, max_restarts: int) -> Optional[str]:
+        """A line for a job that was restarted: each attempt's end, the last five at most."""
+        with self._lock:
+            attempts = list(self._state.attempts)
+        if len(attempts) < 2:
+            return None
+        shown = [_attempt_text(a) for a in attempts[-5:]]
+        more = f"{len(attempts) - 5} earlier, " if len(attempts) > 5 else ""
+        return (f"npu-launch: {len(attempts)} attempts ({len(attempts) - 1} restart(s) of "
+                f"{max_restarts}): {more}{'; '.join(shown)}")
 
     def checkpoint_note(self) -> Optional[str]:
         """A line for a job that wrote checkpoints but completed none, else None."""
@@ -516,6 +566,15 @@ class JobMonitor:
         if self._footer is not None:
             now = self._clock()
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
+
+def _attempt_text(attempt: Mapping[str, Any]) -> str:
+    cause = attempt.get("cause") or {}
+    who = f" (rank {cause['rank']} on {cause.get('host')})" if cause.get("rank") is not None \
+        else (f" ({cause['process']} on {cause.get('host')})" if cause.get("process") else "")
+    left = attempt.get("left_out") or []
+    without = f" without {', '.join(left)}" if left else ""
+    return f"{attempt['outcome']}{who} after {attempt['duration_s']:.1f} s{without}"
+
 
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
                   outcome: str, exit_code: Optional[int], message: str = "",

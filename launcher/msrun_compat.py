@@ -36,7 +36,8 @@ _BINDING_SAID = {"--bind-cores": "--bind_core", "--bind-numa": "--bind_numa"}
 them (without one, an npu-launch ``--bind-cores LIST`` may be given)."""
 
 NOT_WITH_MSRUN = ("--hostfile", "--include", "--exclude", "--launcher", "--ssh-port",
-                  "--ssh-option", "--launcher-args", "--sync-workdir", "--no-preflight")
+                  "--ssh-option", "--launcher-args", "--sync-workdir", "--no-preflight",
+                  "--fanout")
 """Options of a job node 0 starts on every host: an msrun command line starts one node's share."""
 
 USAGE = "npu-launch msrun [MSRUN OPTIONS] [NPU-LAUNCH OPTIONS] SCRIPT [ARGS]..."

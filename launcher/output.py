@@ -77,6 +77,8 @@ class Pump(threading.Thread):
     def __init__(self, fd: int, log_path: str, label: str, on_line: Optional[LineSink]) -> None:
         super().__init__(name=f"pump {label}", daemon=True)
         self._fd = fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
         self._log = open(log_path, "ab", buffering=0)
         self._on_line = on_line
         self._pending = b""
@@ -93,8 +95,9 @@ class Pump(threading.Thread):
             os.close(self._fd)
 
     def _pump_once(self) -> bool:
-        ready, _, _ = select.select([self._fd], [], [], _PARTIAL_LINE_DELAY)
-        if not ready:
+        # poll, not select: node 0 of a job of some hundred hosts holds descriptors past
+        # select's FD_SETSIZE (1024).
+        if not self._poll.poll(_PARTIAL_LINE_DELAY * 1000):
             self._show_pending()
             return True
         try:

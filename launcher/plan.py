@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import os
 import shlex
@@ -83,6 +84,9 @@ class ProcessSpec:
     binding: Optional[Binding] = None
     """``--bind-cores``: the rank's rule, and its cores once found on its host
     (``launcher.binding``); None: not bound."""
+    compile_cache: str = ""
+    """The folder of MindSpore's compile cache that npu-launch gives the rank
+    (``MS_COMPILER_CACHE_PATH`` in its env, ``compile_cache_dir``); empty: none of ours."""
 
     @property
     def label(self) -> str:
@@ -97,9 +101,11 @@ class ProcessSpec:
 
     @property
     def files(self) -> tuple[str, ...]:
-        """Every file this process writes (its folders must exist before it starts)."""
+        """Every file this process writes (its folders must exist before it starts); the
+        compile cache as ``folder/``, so that the folder itself is made on the rank's host."""
+        cache = os.path.join(self.compile_cache, "") if self.compile_cache else ""
         return tuple(p for p in (self.log_path, self.events_path, self.error_path,
-                                 self.stack_path) if p)
+                                 self.stack_path, cache) if p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +170,18 @@ class LaunchPlan:
     @property
     def processes(self) -> tuple[ProcessSpec, ...]:
         return ((self.scheduler,) if self.scheduler else ()) + self.ranks
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The hosts the ranks run on, in node order."""
+        return tuple(dict.fromkeys(spec.host for spec in self.ranks))
+
+    @property
+    def planned_world(self) -> int:
+        """The world size the job was planned with: more than ``world_size`` once ``--min-nodes``
+        left a host out (``contract.PLANNED_WORLD``)."""
+        told = self.ranks[0].env.get(contract.PLANNED_WORLD) if self.ranks else None
+        return int(told) if told else self.world_size
 
     def on_node(self, node_rank: int) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.node_rank == node_rank)
@@ -303,7 +321,8 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
     node_dir = node_log_dir(inputs, node.host)
     files = {"events_path": os.path.join(node_dir, "events", f"rank_{rank}.jsonl"),
              "error_path": os.path.join(node_dir, "errors", f"rank_{rank}.json"),
-             "stack_path": os.path.join(node_dir, "stacks", f"rank_{rank}.txt")}
+             "stack_path": os.path.join(node_dir, "stacks", f"rank_{rank}.txt"),
+             "compile_cache": compile_cache_dir(config, inputs, world)}
     env = {
         contract.RANK_ID: str(rank), contract.RANK: str(rank),
         contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
@@ -314,6 +333,9 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
         contract.STACK_FILE: files["stack_path"],
         **_common_env(inputs, node),
     }
+    if files["compile_cache"]:
+        env.update({contract.MS_COMPILER_CACHE_ENABLE: "1",
+                    contract.MS_COMPILER_CACHE_PATH: files["compile_cache"]})
     if config.hang_timeout > 0:
         env[contract.PROGRESS] = "1"
     if mode is StartMode.DYNAMIC_CLUSTER:
@@ -348,6 +370,30 @@ def node_log_dir(inputs: PlanInputs, host: str) -> str:
     nodes may share one file system (node 0 then gathers streamed copies at the top)."""
     separate = len(inputs.nodes) > 1 or inputs.agents
     return os.path.join(inputs.log_dir, "hosts", host) if separate else inputs.log_dir
+
+
+COMPILE_CACHE = "compile_cache"
+"""The log dir's folder of MindSpore's compile caches, one per launch."""
+
+
+def compile_cache_dir(config: LaunchConfig, inputs: PlanInputs, world: int) -> str:
+    """Where the ranks keep MindSpore's compile cache, so that a restart loads its graphs
+    instead of compiling them again: ``compile_cache/<launch>`` in the job's log dir (on every
+    host; MindSpore keeps each rank's graphs in ``rank_<N>/`` there). Empty when the user set
+    either variable (in the environment or by ``--env``: even ``MS_COMPILER_CACHE_ENABLE=0``
+    alone), or with ``--no-compile-cache``.
+
+    ``<launch>`` comes from this launch's token and the world size: MindSpore checks only that
+    the script's files are unchanged before it runs a cached graph, not the shapes it was
+    compiled for, so a new launch into the same ``--log-dir`` with other arguments (or a restart
+    on fewer ranks) must not find the old graphs (it would train on them silently)."""
+    names = (contract.MS_COMPILER_CACHE_ENABLE, contract.MS_COMPILER_CACHE_PATH)
+    user = dict(config.env)
+    if not config.compile_cache or any(n in inputs.inherited or n in user or
+                                       n in inputs.extra_env for n in names):
+        return ""
+    launch = hashlib.sha256(f"{inputs.token} {world}".encode()).hexdigest()[:12]
+    return os.path.join(inputs.log_dir, COMPILE_CACHE, launch)
 
 
 def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[str, str]:

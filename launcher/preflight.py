@@ -1,4 +1,5 @@
-"""Check every host before a multi-node job starts, in parallel, and print one table.
+"""Check every host before a multi-node job starts, in parallel (``--fanout`` at once), and
+print one table.
 
 Each host runs ``launcher.probe`` over ssh, in the launch directory. A host fails when it is
 unreachable, has no such Python, runs another npu-launch or MindSpore version than node 0 (this
@@ -25,6 +26,7 @@ from launcher import probe
 from launcher.backends import TransportOptions
 from launcher.backends.ssh import split_ssh_options, ssh_argv
 from launcher.devices import DeviceKind
+from launcher.fanout import workers
 from launcher.hostfile import HostSelection, path_shown
 from launcher.limits import MAX_COMPARED_FILES, shown
 from launcher.probe import FileFact
@@ -101,7 +103,7 @@ def _small_file(path: str) -> bool:
 def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, workdir: str,
                   device: DeviceKind, master_port: Optional[int],
                   files: Sequence[str] = ()) -> list[HostCheck]:
-    """Probe every host at once; then judge each against this host and the others, ``files``
+    """Probe every host, at most ``options.fanout`` at once; then judge each against this host and the others, ``files``
     (relative to ``workdir``, see ``launch_files``) by their size and sha256 here.
 
     A bad ``--ssh-option`` raises ``ConfigError`` here, before any host is asked."""
@@ -112,7 +114,7 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
         port = master_port if index == 0 else None
         return _probe(host, options, workdir, port, files)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers(options.fanout, len(hosts))) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
     local = probe.report(None)
     ours = probe.file_facts(files, workdir)

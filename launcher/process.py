@@ -19,6 +19,7 @@ import psutil
 
 from parallel import contract
 from launcher.output import LineSink, Pump
+from launcher.stdin_feed import StdinFeed
 from launcher.plan import ProcessSpec
 
 _POLL_INTERVAL = 0.02
@@ -49,6 +50,7 @@ class ProcessGroup:
         self._workdir = workdir
         self._running: dict[str, tuple[ProcessSpec, subprocess.Popen]] = {}
         self._pumps: dict[str, Pump] = {}
+        self._feeds: dict[str, StdinFeed] = {}
         self.pids: dict[str, int] = {}
         self._closed = False
 
@@ -58,22 +60,27 @@ class ProcessGroup:
 
         With ``stdin_data`` the process reads that from a pipe which then stays open: a node
         agent takes the pipe's end (``close``, or this launcher dying) as the order to stop.
+        The pipe is written from a thread of its own (``StdinFeed``): this returns at once.
         """
         env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
         read_end, write_end = os.pipe()
+        stdin_read, stdin_write = os.pipe() if stdin_data is not None else (None, None)
         try:
             proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir,
-                                    stdin=subprocess.DEVNULL if stdin_data is None
-                                    else subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL if stdin_read is None else stdin_read,
                                     stdout=write_end, stderr=write_end, start_new_session=True)
         except OSError:
             os.close(read_end)
+            if stdin_write is not None:
+                os.close(stdin_write)
             raise
         finally:
             os.close(write_end)
-        if stdin_data is not None and proc.stdin is not None:
-            proc.stdin.write(stdin_data)
-            proc.stdin.flush()
+            if stdin_read is not None:
+                os.close(stdin_read)
+        if stdin_write is not None and stdin_data is not None:
+            self._feeds[spec.label] = StdinFeed(stdin_write, spec.label)
+            self._feeds[spec.label].put(stdin_data)
         pump = Pump(read_end, spec.log_path, spec.label, on_line)
         pump.start()
         self._running[spec.label] = (spec, proc)
@@ -90,14 +97,12 @@ class ProcessGroup:
         return proc.pid
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` to every process started with a stdin pipe (the node agents)."""
-        for _, proc in self._running.values():
-            if proc.stdin is not None and not proc.stdin.closed:
-                try:
-                    proc.stdin.write(data)
-                    proc.stdin.flush()
-                except OSError:  # it is gone; poll() will say so
-                    pass
+        """Write ``data`` to every running process started with a stdin pipe (the node agents),
+        after what each was given before."""
+        for label in self._running:
+            feed = self._feeds.get(label)
+            if feed is not None:
+                feed.put(data)
 
     def poll(self) -> list[Exit]:
         """The processes that ended since the last call."""
@@ -138,13 +143,10 @@ class ProcessGroup:
         """Close the stdin of processes fed through a pipe (node agents) and give them time to
         stop their own ranks: killing the ssh client at once would leave the remote side
         unattended while it tears down."""
-        pipes = [proc.stdin for _, proc in self._running.values() if proc.stdin is not None]
-        for pipe in pipes:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        if not pipes:
+        fed = any(label in self._feeds for label in self._running)
+        for feed in self._feeds.values():  # those of ended processes too: their threads end
+            feed.close()
+        if not fed:
             return []
         return self._wait_until(time.monotonic() + grace + 5.0)
 

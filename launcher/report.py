@@ -120,6 +120,12 @@ def format_summary(summary: JobSummary) -> str:
              _checkpoint_line(summary), _mode_line(summary.ranks)]
     if summary.message:
         lines.append(summary.message)
+    if len(summary.attempts) > 1:
+        lines.append("attempts:  outcome          seconds  resumed from  nodes  ranks  waited  cause")
+        lines += [f"  {_shown(a.attempt):>7}  {a.outcome:<15} {_shown(a.duration_s, '{:.1f}'):>8}  "
+                  f"{_shown(a.resumed_from, 'step {}'):>12}  {_shown(a.nodes):>5}  "
+                  f"{_shown(a.world_size):>5}  {_shown(a.waited_s, '{:.1f}'):>6}  {a.cause}"
+                  for a in summary.attempts]
     if summary.phases:
         lines.append("where the time went:   slowest rank   seconds   median of ranks")
         lines += [f"  {name:<12} {rank:>14} {seconds:>9.2f} {median:>10.2f}"

@@ -68,11 +68,15 @@ class Watch:
     """Runs one ``Watched`` source to its end and returns one ``JobResult``."""
 
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
-                 tick: Callable[[], Optional[Stall]] = lambda: None) -> None:
+                 tick: Callable[[], Optional[Stall]] = lambda: None,
+                 interval: float = _TICK) -> None:
         self._plan = plan
         self._source = source
         self._group = group
         self._tick = tick
+        self._interval = interval
+        """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
+        short)."""
         self._signal: Optional[int] = None
         self._wake = threading.Event()
         self._stall: Optional[Stall] = None
@@ -106,7 +110,7 @@ class Watch:
             self._stall = self._tick()
             if self._stall is not None:
                 return Outcome.STALLED
-            self._wake.wait(_TICK)
+            self._wake.wait(self._interval)
             self._wake.clear()
 
     def _result(self, outcome: Outcome, elapsed: float) -> JobResult:
@@ -143,3 +147,23 @@ SignalHandlers = dict[signal.Signals, Any]
 def restore_signal_handlers(previous: SignalHandlers) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+def wait_unless_signalled(seconds: float) -> Optional[int]:
+    """Wait ``seconds`` (a restart's backoff: nothing runs); the stop signal that cut it short,
+    or None."""
+    if seconds <= 0:
+        return None
+    woken = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        woken.set()
+
+    previous: SignalHandlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        woken.wait(seconds)
+    finally:
+        restore_signal_handlers(previous)
+    return received[0] if received else None

@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Optional, Sequence, TextIO
 from launcher.backends import TransportOptions
 from launcher.backends.ssh import ssh_argv
 from launcher.errors import LaunchError
+from launcher.fanout import workers
 from launcher.hostfile import HostSelection, path_shown
 from launcher.limits import MAX_SYNC_BYTES, MAX_SYNC_ENTRIES, shown
 from launcher.preflight import HostCheck
@@ -138,14 +139,14 @@ def unpack_argv(host: HostSelection, path: str, options: TransportOptions) -> li
 
 def copy_launch_dir(source: LaunchDir, hosts: Sequence[HostSelection],
                     options: TransportOptions) -> Tally:
-    """Unpack one archive of ``source`` on every host at once; ``LaunchError`` naming each host
-    where that failed. Returns what was copied."""
+    """Unpack one archive of ``source`` on every host, ``options.fanout`` at once;
+    ``LaunchError`` naming each host where that failed. Returns what was copied."""
     archive, tally = source.archive()
 
     def copy(host: HostSelection) -> Optional[str]:
         return _copy_to(host, source.path, archive, options)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts) or 1)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers(options.fanout, len(hosts))) as pool:
         failures = [failure for failure in pool.map(copy, hosts) if failure]
     if failures:
         raise LaunchError(f"--sync-workdir: copying {path_shown(source.path)} failed on "

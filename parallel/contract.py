@@ -9,6 +9,8 @@ Going in (launcher -> rank):
 
 * MindSpore dynamic-cluster mode: ``MS_ROLE``, ``MS_SCHED_HOST``, ``MS_SCHED_PORT``,
   ``MS_WORKER_NUM``, ``MS_NODE_ID`` (plus the retry and timeout knobs below).
+* MindSpore's compile cache, unless the user set it: ``MS_COMPILER_CACHE_ENABLE``,
+  ``MS_COMPILER_CACHE_PATH``.
 * HCCL rank-table mode: ``RANK_TABLE_FILE``, ``RANK_ID``, ``DEVICE_ID``, ``RANK_SIZE``.
 * Generic identity for every rank, so torch_npu scripts run unchanged: ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
@@ -33,6 +35,10 @@ MS_RETRY_INTERVAL_LOWER = "MS_RETRY_INTERVAL_LOWER"
 MS_RETRY_INTERVAL_UPPER = "MS_RETRY_INTERVAL_UPPER"
 ROLE_SCHEDULER = "MS_SCHED"
 ROLE_WORKER = "MS_WORKER"
+
+# MindSpore's compile cache: each rank keeps its compiled graphs in ``rank_<N>/`` of the path.
+MS_COMPILER_CACHE_ENABLE = "MS_COMPILER_CACHE_ENABLE"
+MS_COMPILER_CACHE_PATH = "MS_COMPILER_CACHE_PATH"
 
 # HCCL rank-table mode.
 RANK_TABLE_FILE = "RANK_TABLE_FILE"
@@ -90,6 +96,10 @@ PROGRESS = "NPU_LAUNCH_PROGRESS"
 """``1``: hang detection is on (``--hang-timeout`` > 0): the rank hook counts progress."""
 RESTART = "NPU_LAUNCH_RESTART"
 """How many times the job was restarted before this attempt (0 the first time)."""
+PLANNED_WORLD = "NPU_LAUNCH_PLANNED_WORLD_SIZE"
+"""Set when the job goes on with fewer ranks than it was planned with (``--min-nodes`` left a
+host out): the planned world size. ``parallel.data.sharded_dataset`` keeps the planned global
+batch: each rank's batch is the script's ``batch_size`` x planned / current world size."""
 
 DEVFS = "NPU_LAUNCH_DEVFS"
 """Where the ``davinciN`` device nodes are [default: /dev]; tests point it at a fake ``/dev``."""
@@ -143,6 +153,9 @@ EVENT_EVAL = "eval"
 EVENT_CHECKPOINT = "checkpoint"
 """A rank's file of a step is in place: ``step``, ``path`` (absolute, on the rank's host),
 ``name``, ``size``, ``sha256``, ``position`` (the data position) and ``world_size``."""
+EVENT_DATA = "data"
+"""Sent by ``parallel.data.sharded_dataset`` for a training reader: ``batch_size`` (this rank's),
+``global_batch`` (every rank's together) and ``planned_world`` (see ``PLANNED_WORLD``)."""
 EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
 EVENT_FIRST_STEP = "first-step"
@@ -244,6 +257,10 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
+EVENT_ATTEMPT = "attempt"
+"""Written by the monitor as each attempt of the job ends (``launcher.restarts.AttemptRecord``):
+``attempt``, ``started_at``, ``ended_at``, ``duration_s``, ``outcome``, ``exit_code``, ``cause``,
+``resumed_from``, ``nodes``, ``world_size``, ``waited_s``, ``left_out``."""
 
 
 class BadInput(ValueError):

@@ -33,6 +33,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Prot
 import mindspore.dataset as ds
 import numpy as np
 
+from parallel import contract, events
 from parallel.config import ShardPolicy
 from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
 from parallel.topology import RankInfo
@@ -157,13 +158,43 @@ def sharded_dataset(source: Source, info: RankInfo, batch_size: int, shuffle: bo
     """
     plan = ShardPlan(*info.shard, seed=info.config.seed, first_epoch=epoch, shuffle=shuffle,
                      policy=ShardPolicy(policy or info.config.shard_policy))
+    if drop_remainder is None:
+        drop_remainder = plan.policy is ShardPolicy.DROP
+    batch_size = kept_global_batch(batch_size, plan.num_shards, drop_remainder)
     kind = source_kind(source)
     dataset = _READERS[kind](source, plan, columns, num_workers, dict(reader_options or {}))
     for column, operations in (transforms or {}).items():
         dataset = dataset.map(list(operations), input_columns=column, num_parallel_workers=num_workers)
-    if drop_remainder is None:
-        drop_remainder = plan.policy is ShardPolicy.DROP
+    if drop_remainder:
+        events.emit(contract.EVENT_DATA, batch_size=batch_size,
+                    global_batch=batch_size * plan.num_shards, planned_world=_planned_world())
     return dataset.batch(batch_size, drop_remainder=drop_remainder, num_parallel_workers=num_workers)
+
+
+def kept_global_batch(batch_size: int, shards: int, exact: bool) -> int:
+    """This rank's batch: ``batch_size``, or, when the job goes on with fewer ranks than
+    planned (``contract.PLANNED_WORLD``: npu-launch's ``--min-nodes`` left a host out), the
+    planned global batch over the shards there are now. Global batch ``t`` then holds the same
+    samples as before (positions ``t*G .. (t+1)*G - 1`` of the epoch's order), and an epoch
+    has as many batches, so a resumed position means the same data. ``exact`` (batches of
+    equal size): the global batch must divide, else ``BadInput``; otherwise rounded up."""
+    planned, world = _planned_world(), int(os.environ.get(contract.RANK_SIZE, "0") or 0)
+    if planned is None or world < 1 or planned <= world or shards < 2:
+        return batch_size
+    planned_shards, rest = divmod(shards * planned, world)
+    total = batch_size * planned_shards
+    if rest == 0 and total % shards == 0:
+        return total // shards
+    if exact:
+        raise contract.BadInput(f"the global batch of {total} ({batch_size} on each of "
+                                f"{planned_shards} planned shards) does not split over {shards} "
+                                f"shards now that {planned - world} rank(s) were left out")
+    return -(-total // shards)
+
+
+def _planned_world() -> Optional[int]:
+    text = os.environ.get(contract.PLANNED_WORLD, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def _mindrecord(source: Paths, plan: ShardPlan, columns: Optional[Sequence[str]], workers: int,

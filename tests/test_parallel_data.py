@@ -21,7 +21,9 @@ from PIL import Image
 
 from helpers import layouts
 from parallel.config import ParallelConfig, ShardPolicy
-from parallel.data import ShardPlan, SourceKind, sharded_dataset, source_kind
+from parallel import contract
+from parallel.contract import BadInput
+from parallel.data import ShardPlan, SourceKind, kept_global_batch, sharded_dataset, source_kind
 from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
 from parallel.topology import RankInfo
 
@@ -320,3 +322,30 @@ def test_prepare_data_writes_an_npz_and_refuses_to_overwrite(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1] == f"Error: {out}0 already exists (overwrite replaces it)"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.value for kind in KINDS])
+def test_fewer_ranks_than_planned_keep_the_global_batch_and_its_samples(store, kind, monkeypatch):
+    """``--min-nodes`` left a host out: 2 ranks of a job planned for 4 read, in each global
+    batch, exactly the samples the 4 read (``contract.PLANNED_WORLD``)."""
+    config = ParallelConfig(seed=3)
+
+    def global_batches(world: int) -> List[List[int]]:
+        monkeypatch.setenv(contract.RANK_SIZE, str(world))
+        reads = [read_rank(store, kind, 45, RankInfo.in_layout(r, world, config), 3, epochs=2)
+                 for r in range(world)]
+        return [sorted(i for read in reads for i in read[epoch][t])
+                for epoch in range(2) for t in range(len(reads[0][epoch]))]
+
+    planned = global_batches(4)
+    monkeypatch.setenv(contract.PLANNED_WORLD, "4")
+    assert global_batches(2) == planned
+    assert len(planned) == 2 * (45 // 12) and all(len(b) == 12 for b in planned)
+    assert kept_global_batch(3, 2, exact=True) == 6
+    monkeypatch.setenv(contract.RANK_SIZE, "3")
+    assert kept_global_batch(4, 3, exact=False) == 6, "16 over 3, rounded up"
+    with pytest.raises(BadInput, match="the global batch of 16 .4 on each of 4 planned shards. "
+                       "does not split over 3 shards now that 1 rank.s. were left out"):
+        kept_global_batch(4, 3, exact=True)
+    monkeypatch.delenv(contract.PLANNED_WORLD)
+    assert kept_global_batch(4, 3, exact=True) == 4, "as planned: the script's batch"

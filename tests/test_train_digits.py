@@ -70,7 +70,7 @@ def test_killed_rank_restarts_and_resumes_to_the_same_parameters(weird_tmp: Path
                           str(kill_at), "--epochs", "3", "--ckpt-every", "1",
                           "--save-params", str(resumed / "params"))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "restart 1 of 1 after: job resume-job failed: rank 1" in second.stderr
+    assert "restart 1 of 1 in 1 s after: job resume-job failed: rank 1" in second.stderr
     assert "killed by SIGKILL" in second.stderr
     rank_logs = [(resumed / "logs" / f"rank_{rank}.log").read_text() for rank in (0, 1)]
     assert all(f"resumed from step {steps_per_epoch});" in log for log in rank_logs), \

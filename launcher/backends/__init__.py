@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Protocol
 from launcher.backends.common import split_ssh_options
 from launcher.cluster import AgentLaunch
 from launcher.hostfile import HostSelection
+from launcher.limits import DEFAULT_FANOUT
 from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
 
@@ -31,11 +32,13 @@ class LauncherKind(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class TransportOptions:
-    """What the user said about reaching hosts: ssh port and options, extra srun/mpirun args."""
+    """What the user said about reaching hosts: ssh port and options, extra srun/mpirun args,
+    and how many ssh connections may be set up at once (``--fanout``, ``launcher.fanout``)."""
 
     ssh_port: Optional[int] = None
     ssh_options: tuple[str, ...] = ()
     launcher_args: tuple[str, ...] = ()
+    fanout: int = DEFAULT_FANOUT
 
 
 class Backend(Protocol):

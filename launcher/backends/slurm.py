@@ -1,6 +1,8 @@
 """Slurm: inside an allocation, one ``srun`` starts an agent on every node (one task each)."""
 from __future__ import annotations
 
+import copy
+
 import subprocess
 from typing import Mapping, Optional
 
@@ -70,6 +72,12 @@ class SlurmBackend:
 
     def hosts(self) -> list[HostSelection]:
         return self._hosts
+
+    def only(self, hosts: list[HostSelection]) -> "SlurmBackend":
+        """The same backend on fewer of its allocation's nodes (``--min-nodes``)."""
+        smaller = copy.copy(self)
+        smaller._hosts = list(hosts)
+        return smaller
 
     serves_payload = True
 

@@ -1,4 +1,5 @@
-"""ssh: one agent per host, each an ``ssh`` client fed the plan on stdin (OpenSSH, BatchMode)."""
+"""ssh: one agent per host, each an ``ssh`` client fed the plan on stdin (OpenSSH, BatchMode),
+at most ``--fanout`` of them connecting at once (``launcher.fanout``)."""
 from __future__ import annotations
 
 import shlex
@@ -41,5 +42,6 @@ class SshBackend(HostfileBackend):
         for node_rank, host in enumerate(self._hosts):
             remote = agent_argv(python_of(plan), "-", node_rank)
             argv = ssh_argv(host.host, host.user, remote, plan.workdir, self._options)
-            launches.append(AgentLaunch(agent_spec(plan, host.host, node_rank, argv), payload))
+            launches.append(AgentLaunch(agent_spec(plan, host.host, node_rank, argv), payload,
+                                        self._options.fanout))
         return launches

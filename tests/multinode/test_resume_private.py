@@ -66,7 +66,7 @@ def test_a_killed_rank_resumes_from_the_last_complete_step_on_private_disks(
         "--keep-last", "1",
         "--save-params", str(work / "params")], cwd=work, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert f"restart 1 of 1 after: job {job} failed: rank 1" in result.stderr
+    assert f"restart 1 of 1 in 1 s after: job {job} failed: rank 1" in result.stderr
     a, b = ssh_cluster.names
     node0 = lambda path: ssh_cluster.read_text(a, work / "logs" / path)  # noqa: E731
 

@@ -1,0 +1,182 @@
+"""MindSpore's compile cache in the job's log dir, so that a restart loads its graphs.
+
+The plan gives every rank ``MS_COMPILER_CACHE_ENABLE=1`` and ``MS_COMPILER_CACHE_PATH`` =
+``<log dir>/compile_cache/<launch>`` unless the user set either variable or gave
+``--no-compile-cache``; MindSpore keeps each rank's graphs in ``rank_<N>/graph_cache/`` there.
+The real jobs (``tests/rank_scripts/compiled_steps.py``: GRAPH mode, 8x8 inputs, 3 steps) show
+the files in place, a path of the user's respected, and a restart that loads what the first
+attempt compiled: MindSpore says so in the rank's log (``GetCachedFuncGraph`` in its
+``compile_cache_manager.cc``, a WARNING, so it is there at the default log level), it writes
+no cache file once the second attempt started, and the parameters end as without the cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import RANK_SCRIPTS, assert_no_job_processes, checksums, run_launcher
+from launcher.config import LaunchConfig
+from launcher.devices import Card, DeviceKind
+from launcher.events import prepare_dirs
+from launcher.plan import COMPILE_CACHE, LaunchPlan, Node, PlanInputs, build_plan
+from parallel import contract
+
+JOB = str(RANK_SCRIPTS / "compiled_steps.py")
+CACHE_VARS = (contract.MS_COMPILER_CACHE_ENABLE, contract.MS_COMPILER_CACHE_PATH)
+LOADED = "Use the compilation cache and execute the backend actions only"
+"""MindSpore's WARNING when it runs a graph from the cache instead of compiling it."""
+COMPILED = "Execute all the compilation actions"
+"""... and when it finds no cache to load (it then compiles and writes one)."""
+
+
+def _config(tmp: Path, **kw) -> LaunchConfig:
+    script = tmp / "train.py"
+    script.write_text("")
+    return LaunchConfig(script=str(script), python="/usr/bin/python3", workdir=str(tmp), **kw)
+
+
+def _plan(tmp: Path, nodes: int = 1, config: dict = {}, **kw) -> LaunchPlan:
+    cards = (Card(0, 0), Card(1, 1))
+    inputs = PlanInputs(job_id="j", log_dir=str(tmp / "logs"), master_addr="10.0.0.1",
+                        master_port=29500, device=DeviceKind.CPU, token=kw.pop("token", "t"),
+                        nodes=tuple(Node(f"h{n}", n, cards) for n in range(nodes)), **kw)
+    return build_plan(_config(tmp, **config), inputs)
+
+
+def _cache_env(plan: LaunchPlan) -> list[dict[str, str]]:
+    return [{k: spec.env[k] for k in CACHE_VARS if k in spec.env} for spec in plan.processes]
+
+
+# The plan -----------------------------------------------------------------------------------------
+
+def test_every_rank_gets_one_cache_in_the_log_dir_and_the_scheduler_none(weird_tmp: Path) -> None:
+    plan = _plan(weird_tmp, nodes=2, agents=True)
+    path = plan.ranks[0].compile_cache
+    assert Path(path).parent == weird_tmp / "logs" / COMPILE_CACHE
+    assert _cache_env(plan) == [{}] + [{"MS_COMPILER_CACHE_ENABLE": "1",
+                                         "MS_COMPILER_CACHE_PATH": path}] * 4, \
+        "MindSpore separates the ranks inside the path itself (rank_<N>/)"
+    assert all(spec.compile_cache == path for spec in plan.ranks)
+    assert LaunchPlan.from_json(plan.to_json()) == plan, "an agent receives it with its plan"
+
+
+def test_each_host_makes_the_folder_before_its_ranks_start(weird_tmp: Path) -> None:
+    plan = _plan(weird_tmp, nodes=2, agents=True)
+    specs = plan.on_node(1)
+    prepare_dirs(plan.log_dir, [p for spec in specs for p in spec.files])  # as agent.py does
+    assert Path(plan.ranks[2].compile_cache).is_dir()
+
+
+def test_a_restart_keeps_the_path_and_another_launch_gets_its_own(weird_tmp: Path) -> None:
+    """MindSpore checks only that the script's files are unchanged before it runs a cached
+    graph; another launch into the same log dir (other arguments, other shapes) must not find
+    the graphs of this one."""
+    plan = _plan(weird_tmp)
+    again = plan.restarted(1)
+    assert _cache_env(again) == _cache_env(plan) and again.ranks[0].env[contract.RESTART] == "1"
+    other = _plan(weird_tmp, token="u")
+    assert other.ranks[0].compile_cache != plan.ranks[0].compile_cache
+    assert _plan(weird_tmp, nodes=2).ranks[0].compile_cache != plan.ranks[0].compile_cache, \
+        "nor a launch of the same token on another number of ranks"
+
+
+@pytest.mark.parametrize("where", ["environment", "--env"])
+@pytest.mark.parametrize("name,value", [("MS_COMPILER_CACHE_PATH", "/mine"),
+                                        ("MS_COMPILER_CACHE_ENABLE", "0"),
+                                        ("MS_COMPILER_CACHE_ENABLE", "1")])
+def test_a_variable_the_user_set_leaves_the_cache_to_them(weird_tmp: Path, where: str, name: str,
+                                                          value: str) -> None:
+    if where == "--env":
+        plan = _plan(weird_tmp, config={"env": ((name, value),)})
+        assert all(spec.env[name] == value and len(env) == 1
+                   for spec, env in zip(plan.processes, _cache_env(plan)))
+    else:
+        plan = _plan(weird_tmp, inherited=frozenset({name}))
+        assert _cache_env(plan) == [{}] * 3, "the ranks inherit the user's value"
+    assert all(spec.compile_cache == "" for spec in plan.ranks)
+
+
+def test_no_compile_cache_turns_it_off(weird_tmp: Path) -> None:
+    plan = _plan(weird_tmp, config={"compile_cache": False})
+    assert _cache_env(plan) == [{}] * 3 and plan.ranks[0].compile_cache == ""
+    ours = str(weird_tmp / "logs" / COMPILE_CACHE)
+    assert not any(path.startswith(ours) for path in plan.ranks[0].files)
+
+
+def test_the_flag_and_the_config_file_reach_the_plan(weird_tmp: Path) -> None:
+    (weird_tmp / "train.py").write_text("")
+    (weird_tmp / "off.yaml").write_text("compile-cache: false\n")
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARS}
+    for options, expected in (((), True), (("--no-compile-cache",), False),
+                              (("--config", str(weird_tmp / "off.yaml")), False)):
+        result = run_launcher("--dry-run", "--json", "--device", "cpu", "--cards", "2",
+                              *options, str(weird_tmp / "train.py"), cwd=weird_tmp, env=env)
+        assert result.returncode == 0, result.stderr
+        ranks = json.loads(result.stdout)["ranks"]
+        assert all((contract.MS_COMPILER_CACHE_PATH in r["env"]) is expected for r in ranks)
+
+
+# Real jobs ----------------------------------------------------------------------------------------
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k not in CACHE_VARS}, **extra}
+
+
+def _run(logs: Path, job: str, *args: str, env: dict[str, str] = {}) -> tuple[str, str]:
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
+                          str(logs), *args, env=env or _env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_no_job_processes(job)
+    return result.stdout, result.stderr
+
+
+def _planned_cache(logs: Path) -> Path:
+    ranks = json.loads((logs / "plan.json").read_text())["ranks"]
+    [path] = {r["env"][contract.MS_COMPILER_CACHE_PATH] for r in ranks}
+    return Path(path)
+
+
+def _graphs(cache: Path, rank: int) -> list[Path]:
+    return sorted((cache / f"rank_{rank}" / "graph_cache").glob("*.mindir"))
+
+
+@pytest.mark.mindspore
+def test_the_ranks_graphs_are_kept_in_the_log_dir(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    _run(logs, "cache-kept", JOB)
+    cache = _planned_cache(logs)
+    assert cache.parent == logs / COMPILE_CACHE
+    assert all(_graphs(cache, rank) for rank in (0, 1)), sorted(map(str, cache.rglob("*")))
+    assert all(COMPILED in (logs / f"rank_{rank}.log").read_text() for rank in (0, 1))
+
+
+@pytest.mark.mindspore
+def test_a_cache_path_the_user_set_is_where_the_graphs_go(weird_tmp: Path) -> None:
+    logs, mine = weird_tmp / "logs", weird_tmp / "my cache"
+    _run(logs, "cache-mine", JOB, env=_env(MS_COMPILER_CACHE_ENABLE="1",
+                                           MS_COMPILER_CACHE_PATH=str(mine)))
+    assert all(_graphs(mine, rank) for rank in (0, 1))
+    assert not (logs / COMPILE_CACHE).exists(), "nothing of npu-launch's in the log dir"
+
+
+@pytest.mark.mindspore
+def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    out, err = _run(logs, "cache-restart", "--max-restarts", "1", JOB, "--fail-rank", "1",
+                    "--fail-after-step", "0")
+    assert "restart 1 of 1" in err and "job cache-restart failed: rank 1" in err, err[-3000:]
+    cache = _planned_cache(logs)
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    second = sorted(r["time"] for r in records if r["event"] == "started")[2]
+    for rank in (0, 1):
+        first_attempt, _, restarted = (logs / f"rank_{rank}.log").read_text().partition(LOADED)
+        assert COMPILED in first_attempt and restarted, f"rank {rank} compiled, then loaded"
+        assert _graphs(cache, rank)
+        written = max(p.stat().st_mtime for p in (cache / f"rank_{rank}").rglob("*"))
+        assert written < second, f"rank {rank} wrote its cache again after the restart"
+    plain, _ = _run(weird_tmp / "plain", "cache-none", "--no-compile-cache", JOB)
+    assert checksums(out) == checksums(plain) and len(checksums(out)) == 2, \
+        "the loaded graphs train as the compiled ones do"
