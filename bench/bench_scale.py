@@ -44,6 +44,9 @@ Before the runs, one ssh connection from node 0 to the second host is measured o
 the curves to ``OUT/scale.png`` (``--replot`` draws them again from the JSON). Several
 ``--fanout`` values, and ``--before DIR`` (the launcher of another tree: ``git archive`` of an
 older commit), are launched in turn, round by round, so that the machine's drift hits all alike.
+Each is launched from a job directory of its own that holds a copy of its tree's packages (for
+the default, this repository's, taken when the benchmark starts), first on every sys.path: what
+is edited or installed while it runs does not change what it measures.
 """
 from __future__ import annotations
 
@@ -131,7 +134,9 @@ class Bench:
                 "--device", "cpu", "--console", "none", "--log-dir", str(logs),
                 "--ssh-option", f"-F {self.cluster.ssh_config_path}",
                 "--env", f"BENCH_OUT={marks}", "--env", f"BENCH_MODE={mode}",
-                "--env", f"BENCH_FAIL_RANK={n - 1}"]
+                "--env", f"BENCH_FAIL_RANK={n - 1}",
+                # the rank hook loads before the script's directory is on sys.path
+                "--env", f"PYTHONPATH={variant.directory}"]
         argv += ["--fanout", str(variant.fanout)] if variant.fanout is not None else []
         argv.append(RANK_SCRIPT.name)
         self._output = self.work / f"launcher-{run_id}.out"
@@ -172,6 +177,8 @@ class Bench:
             run.finish = ended - max(s["end"] for s in stamps)
             return run
         self._wait_started(hosts[0], logs, n, proc)
+        if proc.poll() is not None:
+            self._check_exit(proc, -1)  # it ended before every rank started: say why
         time.sleep(self.fail_hold)
         self._sample_launcher(proc, run)
         run.scheduler_cpu = self._scheduler_cpu(hosts[0])
@@ -269,6 +276,19 @@ class HostTables:
                 return now
             time.sleep(SCAN_INTERVAL)
         raise SystemExit(f"job processes left after {timeout:.0f} s: {self.counts()}")
+
+
+def _job_directory(path: Path, tree: Path) -> Path:
+    """``path`` holding the rank script and a copy of ``tree``'s packages: launched from there
+    (on every host: it is copied to each), every process of the job imports that copy first
+    (``python -m`` and a script both put their directory first on ``sys.path``). The tree under
+    test is fixed when the benchmark starts, whatever is edited or installed meanwhile."""
+    path.mkdir(parents=True)
+    shutil.copy(RANK_SCRIPT, path / RANK_SCRIPT.name)
+    for package in ("launcher", "parallel", "rank_tables"):
+        shutil.copytree(tree / package, path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return path
 
 
 def connection_costs(cluster: Any, repeats: int = 10) -> dict[str, float]:
@@ -440,14 +460,10 @@ def measure(args: argparse.Namespace) -> tuple[list[Run], dict[str, float]]:
     """Every run the options ask for, on one cluster made for the largest size."""
     cluster_module = load_cluster()
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))  # in /tmp: copied onto every host
-    shutil.copy(RANK_SCRIPT, work / RANK_SCRIPT.name)
-    variants = [Variant("default" if k is None else f"fanout {k}", work, k) for k in args.fanout]
+    tree = _job_directory(work / "tree", HERE.parent)
+    variants = [Variant("default" if k is None else f"fanout {k}", tree, k) for k in args.fanout]
     if args.before:
-        (work / "before").mkdir()
-        shutil.copy(RANK_SCRIPT, work / "before" / RANK_SCRIPT.name)
-        for package in ("launcher", "parallel", "rank_tables"):
-            shutil.copytree(args.before / package, work / "before" / package)
-        variants.insert(0, Variant("before", work / "before"))
+        variants.insert(0, Variant("before", _job_directory(work / "before", args.before)))
     runs: list[Run] = []
     made = time.monotonic()
     with cluster_module.Cluster(max(args.hosts), tag=cluster_module.unique_tag("sc")) as cluster:
