@@ -1,7 +1,7 @@
 """The launcher's own cost from 4 to 64 hosts: start-up, failure teardown, clean exit, CPU.
 
     sudo python bench/bench_scale.py [--hosts 4 8 16 32 64] [--runs 3] [--fanout K ...]
-                                     [--before DIR] [--out DIR] [--replot]
+                                     [--before DIR ...] [--out DIR] [--replot]
 
 Makes the largest number of real hosts once (``tests/multinode/cluster.py``: network namespaces,
 each with its own sshd, private ``/tmp`` and PID namespace) and runs each size on the first N of
@@ -37,12 +37,13 @@ Per size (and way of launching), medians over ``--runs`` of a clean run and a fa
   of that run are not the launcher's alone.
 * In the failing runs, once every rank has started: the launcher's threads, open file
   descriptors, its ssh clients and the PSS of the launcher plus its ssh clients; the
-  scheduler's CPU so far.
+  scheduler's CPU so far; when the first and the last agent's ssh client began (after the
+  launch: the first marks the end of preflight, the spread is how the agents' start went).
 
 Before the runs, one ssh connection from node 0 to the second host is measured on its own
 (``connection_costs``). Writes the table to stdout, the raw figures to ``OUT/scale.json`` and
 the curves to ``OUT/scale.png`` (``--replot`` draws them again from the JSON). Several
-``--fanout`` values, and ``--before DIR`` (the launcher of another tree: ``git archive`` of an
+``--fanout`` values, and ``--before DIR ...`` (the launcher of other trees: ``git archive`` of an
 older commit), are launched in turn, round by round, so that the machine's drift hits all alike.
 Each is launched from a job directory of its own that holds a copy of its tree's packages (for
 the default, this repository's, taken when the benchmark starts), first on every sys.path: what
@@ -93,6 +94,9 @@ class Run:
     ssh_clients: Optional[int] = None
     pss_mib: Optional[float] = None
     scheduler_cpu: Optional[float] = None
+    agents_first: Optional[float] = None
+    """Seconds from the launch to the first agent's ssh client (preflight is over)."""
+    agents_last: Optional[float] = None
     hosts_cpu: float = 0.0
     machine_cpu: float = 0.0
     left: dict = dataclasses.field(default_factory=dict)
@@ -180,7 +184,7 @@ class Bench:
         if proc.poll() is not None:
             self._check_exit(proc, -1)  # it ended before every rank started: say why
         time.sleep(self.fail_hold)
-        self._sample_launcher(proc, run)
+        self._sample_launcher(proc, run, t0)
         run.scheduler_cpu = self._scheduler_cpu(hosts[0])
         tables = HostTables(self.cluster, hosts, self._launcher_pids(proc))
         if not all(tables.counts().values()):
@@ -239,12 +243,15 @@ class Bench:
         return {wrapper.pid} | {c.pid for c in wrapper.children()}
 
     @staticmethod
-    def _sample_launcher(proc: Any, run: Run) -> None:
+    def _sample_launcher(proc: Any, run: Run, t0: float) -> None:
+        """The launcher's resources, and when its agents' ssh clients (all alive now) began."""
         wrapper = psutil.Process(proc.pid).children()[0]
         launcher = wrapper.children()[0]
         ssh = [c for c in launcher.children() if c.name() == "ssh"]
         run.threads, run.fds, run.ssh_clients = launcher.num_threads(), launcher.num_fds(), len(ssh)
         run.pss_mib = sum(p.memory_full_info().pss for p in [launcher, *ssh]) / 2 ** 20
+        began = [c.create_time() - t0 for c in ssh if "launcher.agent" in " ".join(c.cmdline())]
+        run.agents_first, run.agents_last = min(began), max(began)
 
 
 class HostTables:
@@ -358,6 +365,7 @@ COLUMNS = (  # heading, mode of the runs, field, scale, decimals
     ("threads", "fail", "threads", 1, 0), ("fds", "fail", "fds", 1, 0),
     ("PSS MiB", "fail", "pss_mib", 1, 0), ("hosts' CPU s", "ok", "hosts_cpu", 1, 1),
     ("scheduler CPU s", "fail", "scheduler_cpu", 1, 1),
+    ("first agent s", "fail", "agents_first", 1, 1), ("last agent s", "fail", "agents_last", 1, 1),
     ("other CPU s", "ok", "other_cpu", 1, 1),
 )
 
@@ -430,10 +438,10 @@ def main() -> None:
     parser.add_argument("--fail-hold", type=float, default=1.0,
                         help="seconds between every rank started and the failure")
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--before", type=Path, help="also launch, in turn with the others, "
-                        "the launcher of DIR (its launcher/, parallel/, rank_tables/, e.g. "
-                        "`git archive HEAD`): copied into a job directory of its own, first on "
-                        "every process's sys.path there")
+    parser.add_argument("--before", type=Path, nargs="+", default=[], metavar="DIR",
+                        help="also launch, in turn with the others, the launcher of each DIR "
+                        "(its launcher/, parallel/, rank_tables/, e.g. `git archive` of an older "
+                        "commit), named by the folder's name")
     parser.add_argument("--replot", action="store_true",
                         help="only draw the PNG and print the table again from OUT/scale.json")
     args = parser.parse_args()
@@ -462,8 +470,9 @@ def measure(args: argparse.Namespace) -> tuple[list[Run], dict[str, float]]:
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))  # in /tmp: copied onto every host
     tree = _job_directory(work / "tree", HERE.parent)
     variants = [Variant("default" if k is None else f"fanout {k}", tree, k) for k in args.fanout]
-    if args.before:
-        variants.insert(0, Variant("before", _job_directory(work / "before", args.before)))
+    for i, tree in enumerate(args.before):
+        directory = _job_directory(work / f"before{i}", tree)
+        variants.insert(i, Variant(tree.resolve().name, directory))
     runs: list[Run] = []
     made = time.monotonic()
     with cluster_module.Cluster(max(args.hosts), tag=cluster_module.unique_tag("sc")) as cluster:
