@@ -103,8 +103,9 @@ def _small_file(path: str) -> bool:
 def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, workdir: str,
                   device: DeviceKind, master_port: Optional[int],
                   files: Sequence[str] = ()) -> list[HostCheck]:
-    """Probe every host, at most ``options.fanout`` at once; then judge each against this host and the others, ``files``
-    (relative to ``workdir``, see ``launch_files``) by their size and sha256 here.
+    """Probe every host, at most ``options.fanout`` at once; then judge each against this host
+    and the others, ``files`` (relative to ``workdir``, see ``launch_files``) by their size and
+    sha256 here.
 
     A bad ``--ssh-option`` raises ``ConfigError`` here, before any host is asked."""
     split_ssh_options(options.ssh_options)

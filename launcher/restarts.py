@@ -47,7 +47,7 @@ class AttemptRecord:
     cause: Optional[dict[str, Any]]
     resumed_from: Optional[int]
     """The complete step this attempt resumed from (None: from the start)."""
-    hosts: tuple[str, ...]
+    nodes: int
     world_size: int
     waited_s: float = 0.0
     """The backoff before this attempt started."""
@@ -59,7 +59,7 @@ class AttemptRecord:
            hosts: Sequence[str], world_size: int, waited_s: float,
            left_out: Sequence[str]) -> "AttemptRecord":
         return cls(attempt, started_at, result.ended_at, result.outcome.value, result.exit_code,
-                   result.cause.to_json() if result.cause else None, resumed_from, tuple(hosts),
+                   result.cause.to_json() if result.cause else None, resumed_from, len(hosts),
                    world_size, waited_s, tuple(left_out))
 
     @property
@@ -72,7 +72,7 @@ class AttemptRecord:
         return {"attempt": self.attempt, "started_at": self.started_at,
                 "ended_at": self.ended_at, "duration_s": round(self.duration_s, 3),
                 "outcome": self.outcome, "exit_code": self.exit_code, "cause": self.cause,
-                "resumed_from": self.resumed_from, "nodes": len(self.hosts),
+                "resumed_from": self.resumed_from, "nodes": self.nodes,
                 "world_size": self.world_size, "waited_s": round(self.waited_s, 3),
                 "left_out": list(self.left_out)}
 

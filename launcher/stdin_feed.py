@@ -50,12 +50,6 @@ class StdinFeed:
             if self._writer is None:
                 self._close_fd()
 
-    @property
-    def writing(self) -> bool:
-        """Something is still pending."""
-        with self._lock:
-            return self._writer is not None
-
     def _write_all(self) -> None:
         poller = select.poll()  # not select: descriptors past 1024 on a large job's node 0
         poller.register(self._fd, select.POLLOUT)
