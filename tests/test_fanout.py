@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import resource
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -167,8 +169,20 @@ def test_short_commands_run_at_most_fanout_at_once() -> None:
 def test_node_0_may_hold_a_descriptor_per_pipe_and_log_of_every_agent() -> None:
     needed = open_files_needed(agents=1024, ranks=1024 * 16)
     assert needed >= 1024 * 4 + 1024 * 15
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
     soft = raise_open_files(64)  # never lowers the limit
     assert soft >= 64 or soft == -1
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == before, "a limit above the need stays"
+    # Raised, in a process of its own whose soft limit starts low: to the need, within the hard.
+    code = ("import resource; from launcher.fanout import raise_open_files\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))\n"
+            "got = raise_open_files(1000)\n"
+            "print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got, now, hard = (int(word) for word in out.stdout.split())
+    want = 1000 if hard == resource.RLIM_INFINITY else min(1000, hard)
+    assert got == now == want, out.stdout
 
 
 # ------------------------------------------------------------------ an agent's stdin
