@@ -156,7 +156,7 @@ class LaunchPlan:
 
     def restarted(self, attempt: int, resume: Optional[ResumePoint] = None) -> "LaunchPlan":
         """This job again, as its ``attempt``-th restart, resuming from ``resume``."""
-        told = {contract.RESTART: str(attempt)}
+        told = {contract.RESTART: str(attempt), contract.TORCHELASTIC_RESTART_COUNT: str(attempt)}
         if resume is not None:
             told[contract.RESUME_STEP] = str(resume.step)
 
@@ -331,6 +331,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
         contract.MASTER_ADDR: inputs.master_addr, contract.MASTER_PORT: str(inputs.master_port),
         contract.EVENTS_FILE: files["events_path"], contract.ERROR_FILE: files["error_path"],
         contract.STACK_FILE: files["stack_path"],
+        **_torchrun_env(config, inputs, node, rank, world),
         **_common_env(inputs, node),
     }
     if files["compile_cache"]:
@@ -352,6 +353,20 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
                        log_path=os.path.join(node_dir, f"rank_{rank}.log"), env=env,
                        argv=(config.python, config.script, *config.script_args),
                        binding=binding, **files)
+
+
+def _torchrun_env(config: LaunchConfig, inputs: PlanInputs, node: Node, rank: int,
+                  world: int) -> dict[str, str]:
+    """What torchrun's agent sets in a worker beyond the identity (``contract.TORCH_ENV``), so
+    that a torch or torch_npu script runs as under torchrun. Rank 0 listens on ``MASTER_PORT``
+    itself (no agent store), as under torchrun's c10d rendezvous."""
+    return {contract.GROUP_RANK: str(node.node_rank),
+            contract.GROUP_WORLD_SIZE: str(len(inputs.nodes)),
+            contract.ROLE_RANK: str(rank), contract.ROLE_NAME: "default",
+            contract.ROLE_WORLD_SIZE: str(world), contract.TORCHELASTIC_RUN_ID: inputs.job_id,
+            contract.TORCHELASTIC_RESTART_COUNT: "0",
+            contract.TORCHELASTIC_MAX_RESTARTS: str(config.max_restarts),
+            contract.TORCHELASTIC_USE_AGENT_STORE: "False"}
 
 
 def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:

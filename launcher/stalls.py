@@ -44,8 +44,17 @@ HANG_EXIT_CODE = 124
 _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)$')
 """A frame as faulthandler writes it; the file name may hold quotes (it is not escaped)."""
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
-_MINDSPORE = os.sep + "mindspore" + os.sep
-_MINDSPORE_DATA = _MINDSPORE + "dataset" + os.sep
+
+
+def _folder(*parts: str) -> str:
+    return os.sep + os.path.join(*parts) + os.sep
+
+
+_FRAMEWORKS = (("MindSpore", _folder("mindspore"), _folder("mindspore", "dataset")),
+               ("torch", _folder("torch_npu"), ""),
+               ("torch", _folder("torch"), _folder("torch", "utils", "data")))
+"""(name, where its files are, where its data pipeline's are): a main thread whose innermost
+frame is in the framework but not its data pipeline waits in a step or a collective."""
 _DUMP_WAIT = 0.5
 _NATIVE_WAIT = 5.0
 _CHECK_INTERVAL = 0.5
@@ -128,6 +137,8 @@ class Stall:
     stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
     """(rank, frames, most recent call first) of the ranks the block shows."""
     how: str = ""
+    framework: str = "MindSpore"
+    """Where the waiting ranks wait: ``MindSpore`` or ``torch``."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
@@ -141,12 +152,12 @@ def describe_stall(stall: Stall, job_id: str) -> str:
         window = f"{stall.silent_for:.0f} s (--hang-timeout {stall.timeout:g})"
         if stall.rank is None:
             head = (f"npu-launch: job {job_id} stopped: no rank made progress for {window}; "
-                    "every rank waits inside MindSpore")
+                    f"every rank waits inside {stall.framework}")
         else:
             names = ", ".join(f"rank {r}" for r in (stall.rank, *stall.also))
             head = (f"npu-launch: job {job_id} stopped: {names} on {stall.host} hangs: no "
                     f"progress for {window} while rank(s) {_ranks(stall.waiting)} wait in "
-                    "MindSpore" + (f" ({stall.how})" if stall.how else ""))
+                    f"{stall.framework}" + (f" ({stall.how})" if stall.how else ""))
     lines = [head]
     for rank, frames in stall.stacks:
         lines.append(f"  rank {rank} is at (most recent call first):")
@@ -189,10 +200,12 @@ class StackSample:
     frames: tuple[str, ...]
 
     @property
-    def waits_in_mindspore(self) -> bool:
-        """Inside MindSpore's graph execution or a collective; its data pipeline is not that."""
+    def waits_in(self) -> Optional[str]:
+        """The framework whose step or collective the main thread is inside (MindSpore's graph
+        execution, torch's backward or a collective), if any; a data pipeline is not that."""
         top = self.frames[0] if self.frames else ""
-        return _MINDSPORE in top and _MINDSPORE_DATA not in top
+        return next((name for name, files, data in _FRAMEWORKS
+                     if files in top and not (data and data in top)), None)
 
     @classmethod
     def of(cls, event: Event) -> "StackSample":
@@ -206,8 +219,9 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
     since = max(s.progress.since or now for s in states)
     by_rank = {s.rank: s for s in states}
     stacked = {r: s for r, s in samples.items() if s.frames and r in by_rank}
-    inside = sorted(r for r, s in stacked.items() if s.waits_in_mindspore)
-    outside = sorted(r for r, s in stacked.items() if not s.waits_in_mindspore)
+    inside = sorted(r for r, s in stacked.items() if s.waits_in)
+    outside = sorted(r for r, s in stacked.items() if not s.waits_in)
+    framework = next((w for r in inside if (w := stacked[r].waits_in)), "MindSpore")
     busy = sorted(s.rank for s in states if s.progress.busy)
     idle = sorted(s.rank for s in states if not s.progress.busy)
     low = min(s.progress.count for s in states)
@@ -215,7 +229,7 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
     guilty: list[int] = []
     how = ""
     if inside and outside:
-        guilty, waiting, how = outside, inside, "its stack is outside MindSpore"
+        guilty, waiting, how = outside, inside, f"its stack is outside {framework}"
     elif busy and idle:
         guilty, waiting, how = idle, busy, "it is not inside a step"
     elif len(behind) < len(states):
@@ -228,7 +242,8 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
                  last_step=first.step if first else None, silent_for=now - since,
                  others_advanced=False, timeout=limits.timeout, also=tuple(guilty[1:]),
                  waiting=tuple(waiting), how=how,
-                 stacks=tuple((r, stacked[r].frames) for r in shown[:4] if r in stacked))
+                 stacks=tuple((r, stacked[r].frames) for r in shown[:4] if r in stacked),
+                 framework=framework)
 
 
 class HangCheck:
@@ -282,7 +297,7 @@ class HangCheck:
             return None
         stall = judge(live, fresh, now, self._limits)
         if stall.rank is None and not stall.waiting:
-            # Nobody waits inside MindSpore, so nobody waits on anybody: look again later.
+            # Nobody waits inside a framework, so nobody waits on anybody: look again later.
             self._due, self._next_check = None, now + self._limits.timeout
             return None
         return stall

@@ -1,5 +1,10 @@
 """This node's ranks, as the watch loop (``launcher.watch``) supervises them.
 
+MindSpore's scheduler (dynamic-cluster mode, on the first host) starts only once a rank of its
+host begins importing MindSpore (the rank hook's ``framework`` event), in parallel with the
+rank's own import: a job whose ranks never import MindSpore (torch, plain Python) runs no
+MindSpore process and leaves ``MASTER_PORT`` free for its rank 0 to listen on, as under torchrun.
+
 The first rank that exits non-zero or by a signal, or reports an uncaught exception, ends the
 job; so do ranks that never initialise within the start-up timeout (their stacks are read first,
 to show where they are stuck). Once every rank here went silent past ``--hang-timeout``
@@ -49,6 +54,7 @@ class LocalRanks:
         self._tails = {rank: EventTail(s.events_path) for rank, s in self._by_rank.items()}
         self._initialised: set[int] = set()
         self._in_init: set[int] = set()
+        self._mindspore: set[int] = set()
         self._main_threads: dict[int, str] = {}
         self._exited: set[int] = set()
         self._failures: list[Failure] = []
@@ -63,6 +69,9 @@ class LocalRanks:
         self._wake = threading.Event()
         self._ranks_done_sent = False
         self._deadline: Optional[float] = None
+        self._group: Optional[ProcessGroup] = None
+        self._scheduler = next((s for s in self._specs if s.role is Role.SCHEDULER), None)
+        """Not started yet: the scheduler this node runs once a rank needs it."""
 
     def group(self) -> ProcessGroup:
         """The process group these ranks run in."""
@@ -71,16 +80,24 @@ class LocalRanks:
 
     def start(self, group: ProcessGroup, wake: threading.Event) -> None:
         self._wake = wake
+        self._group = group
         self._deadline = self._startup_deadline(time.time())
-        for spec in self._specs:
+        for rank, spec in self._by_rank.items():
             _remove_stale(spec)
-            if spec.rank is not None and self._plan.foreground:
+            if self._plan.foreground:
                 group.start_foreground(spec)
             else:
-                show = spec.rank is not None and self._filter.shows(spec.rank)
-                sink = (self._console.rank_sink(spec.host, spec.rank) if spec.rank is not None
-                        else self._console.sink(spec.label))
-                group.start(spec, sink if show else None)
+                sink = self._console.rank_sink(spec.host, rank)
+                group.start(spec, sink if self._filter.shows(rank) else None)
+        if not self._by_rank:  # a pod that runs the scheduler alone: the other pods' ranks need it
+            self._start_scheduler()
+
+    def _start_scheduler(self) -> None:
+        """Start MindSpore's scheduler, once, if this node runs it."""
+        if self._scheduler is None or self._group is None:
+            return
+        spec, self._scheduler = self._scheduler, None
+        self._group.start(spec, None)
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._read_events()
@@ -96,7 +113,7 @@ class LocalRanks:
             self._announce_ranks_done()
             if self._scheduler_done(group):
                 return Outcome.SUCCEEDED
-        if self._deadline is not None and time.time() > self._deadline and self._stuck_ranks(group):
+        if self._deadline is not None and time.time() > self._deadline and self._late(group):
             return Outcome.STARTUP_TIMEOUT
         return None
 
@@ -195,11 +212,22 @@ class LocalRanks:
                        if s.rank is not None and s.rank not in self._initialised),
                       key=lambda s: s.rank or 0)  # every spec here has a rank
 
+    def _late(self, group: ProcessGroup) -> bool:
+        """Whether a rank here is late to initialise communication: it imported MindSpore
+        (whose dynamic cluster waits for every worker), or another rank here already began
+        to initialise (MindSpore's ``init()`` or torch's ``init_process_group``). Ranks that
+        use neither (plain Python, torch without communication) have no start-up to time."""
+        stuck = {s.rank for s in self._stuck_ranks(group)}
+        return bool(stuck) and bool(self._in_init | self._initialised | (stuck & self._mindspore))
+
     def _read_events(self) -> None:
         for rank, tail in self._tails.items():
             for event in tail.read():
                 if event.kind == contract.EVENT_STARTED and event.main_thread:
                     self._main_threads[rank] = event.main_thread
+                elif event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore":
+                    self._mindspore.add(rank)
+                    self._start_scheduler()
                 elif event.kind == contract.EVENT_INIT_STARTED:
                     self._in_init.add(rank)
                 elif event.kind == contract.EVENT_INITIALISED:

@@ -12,8 +12,12 @@ Going in (launcher -> rank):
 * MindSpore's compile cache, unless the user set it: ``MS_COMPILER_CACHE_ENABLE``,
   ``MS_COMPILER_CACHE_PATH``.
 * HCCL rank-table mode: ``RANK_TABLE_FILE``, ``RANK_ID``, ``DEVICE_ID``, ``RANK_SIZE``.
-* Generic identity for every rank, so torch_npu scripts run unchanged: ``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+* torchrun's contract for every rank, so torch and torch_npu scripts run unchanged: ``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``,
+  ``ROLE_RANK``, ``ROLE_NAME``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and the
+  ``TORCHELASTIC_*`` names (``TORCH_ENV``). ``MASTER_PORT`` is free for rank 0 to listen on:
+  MindSpore's scheduler takes it only once a rank of its host begins importing MindSpore
+  (``EVENT_FRAMEWORK``).
 * npu-launch's own: the ``NPU_LAUNCH_*`` names below.
 
 Coming back (rank -> launcher): one JSON-lines events file and one JSON error report per rank,
@@ -54,6 +58,27 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_RANK = "ROLE_RANK"
+ROLE_NAME = "ROLE_NAME"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+"""``False``: rank 0 of torch's env:// rendezvous listens on ``MASTER_PORT`` itself (torchrun
+says ``True`` only when its own agent already serves a store there; npu-launch serves none)."""
+TORCH_ENV = (GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE,
+             TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+             TORCHELASTIC_USE_AGENT_STORE)
+"""What torchrun's agent (``torch/distributed/elastic/agent/server/local_elastic_agent.py``)
+sets in a worker beyond the identity above; every rank gets them, whatever its framework."""
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+"""torchrun sets 1 when a node runs several ranks and the user set none; the rank hook does the
+same as a rank begins importing torch (MindSpore's threads are left as they are)."""
+FRAMEWORKS = ("mindspore", "torch")
+"""The frameworks the rank hook tells the launcher about (``EVENT_FRAMEWORK``)."""
 
 # npu-launch's own.
 JOB_ID = "NPU_LAUNCH_JOB_ID"
@@ -120,6 +145,7 @@ OWNED = {
                     "cards"),
     **dict.fromkeys((RANK_ID, RANK, RANK_SIZE, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
                     "from --cards and the hosts, or the rank table"),
+    **dict.fromkeys(TORCH_ENV, "as torchrun sets it, from the hosts, the cards and the job"),
     DEVICE_ID: "from --cards, ASCEND_RT_VISIBLE_DEVICES or the rank table",
     MASTER_ADDR: "from --master-addr", MASTER_PORT: "from --master-port",
     RANK_TABLE_FILE: "from --rank-table",
@@ -138,6 +164,10 @@ def owner_of(name: str) -> "str | None":
 EVENT_STARTED = "started"
 """The rank hook is installed; carries ``role``, ``main_thread`` (the id faulthandler prints) and
 ``process_start`` (when the kernel started the process, seconds since the epoch)."""
+EVENT_FRAMEWORK = "framework"
+"""Sent once per framework by the rank hook as the rank begins importing it: ``name`` (one of
+``FRAMEWORKS``). A ``mindspore`` one from a rank of the scheduler's host starts MindSpore's
+scheduler (``launcher.supervisor``): a job whose ranks never import MindSpore runs none."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
 """Sent once by a rank, by the rank hook, when MindSpore's communication ``init()`` returns;
@@ -226,6 +256,7 @@ class Event:
     count: Optional[int] = None
     busy: Optional[bool] = None
     loads: Optional[int] = None
+    name: Optional[str] = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -249,7 +280,7 @@ class Event:
 _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,
            "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
            "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text,
-           "count": _whole, "busy": _flag, "loads": _whole}
+           "count": _whole, "busy": _flag, "loads": _whole, "name": _text}
 """How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.

@@ -1,6 +1,7 @@
 """Training progress seen without user code, for the launcher's hang check (via ``rank_hook``).
 
-Three places every MindSpore training loop passes through are counted, on the main thread only:
+Three places every MindSpore training loop passes through are counted, on the main thread only
+(torch's counterparts below):
 
 * a top-level call of a ``Cell`` (``Cell.__call__`` not nested in another): one step of a
   custom loop over a compiled ``TrainOneStepCell``, of ``Model.train`` (with or without dataset
@@ -9,6 +10,10 @@ Three places every MindSpore training loop passes through are counted, on the ma
   ``create_dict_iterator``), which also covers loops around a bare ``@jit`` function;
 * a checkpoint load (``load_checkpoint``, ``load_param_into_net``), after which the launcher
   allows the longer first-step grace again (a recompilation may follow).
+
+In a torch script the same three are a top-level ``Module`` call (a forward), a top-level
+``Tensor.backward`` (DDP's gradient all-reduce runs inside it) or ``torch.distributed``
+collective, and the next batch of a ``DataLoader`` iterator; torch has no load to count.
 
 The first top-level call's end is also sent at once, as ``first-step``: the end of graph
 compilation, for the start-up breakdown.
@@ -50,23 +55,24 @@ _state = _Counters()
 
 
 def counting_call(real: Callable[..., Any]) -> Callable[..., Any]:
-    """``Cell.__call__``, counting the main thread's top-level calls."""
+    """``Cell.__call__`` (or any function: a collective, ``Tensor.backward``), counting the
+    main thread's top-level calls."""
     state = _state
     get_ident = threading.get_ident
 
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         if state.depth or get_ident() != state.main:
-            return real(self, *args, **kwargs)
+            return real(*args, **kwargs)
         state.depth = 1
         _ensure_reporter()
         try:
-            return real(self, *args, **kwargs)
+            return real(*args, **kwargs)
         finally:
             state.depth = 0
             state.calls += 1
             if state.calls == 1:
                 events.emit(contract.EVENT_FIRST_STEP)
-    return functools.update_wrapper(__call__, real)
+    return functools.update_wrapper(counted, real)
 
 
 def counting_next(real: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,12 +5,15 @@
   graph compilation puts Python's default excepthook back: the hook is restored after it, and
   an exit handler writes the report of an exception the hook missed).
 * A parent watch: the rank is killed by the kernel when its launcher dies, even by SIGKILL.
-* Start-up events: ``started`` at boot and ``initialised`` when MindSpore's communication
-  ``init()`` returns, which is how the launcher tells a rank stuck before ``init()``.
+* Start-up events: ``started`` at boot, ``framework`` as the rank begins importing MindSpore or
+  torch (a MindSpore one starts the job's scheduler: a torch job runs none), and ``initialised``
+  when MindSpore's communication ``init()`` returns, which is how the launcher tells a rank
+  stuck before ``init()``.
 * Progress events (``parallel.progress``): top-level ``Cell`` calls, dataset batches and
-  checkpoint loads, counted for the launcher's hang check whatever loop the script runs.
-* The MindSpore functions behind both are wrapped by an import hook as their modules load
-  (``_MODULE_HOOKS``), so a script that never imports MindSpore pays nothing.
+  checkpoint loads (torch: ``Module`` calls, ``backward``, collectives, ``DataLoader`` batches),
+  counted for the launcher's hang check whatever loop the script runs.
+* The framework functions behind both are wrapped by an import hook as their modules load
+  (``_MODULE_HOOKS``, ``_TORCH_HOOKS``), so a script pays only for what it imports.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
@@ -57,8 +60,11 @@ def install() -> None:
         events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""),
                     main_thread=hex(threading.main_thread().ident or 0),
                     process_start=process_start())
-        hooks = dict(_MODULE_HOOKS if os.environ.get(contract.PROGRESS) == "1" else _INIT_HOOK)
+        progress_on = os.environ.get(contract.PROGRESS) == "1"
+        hooks = {**_MODULE_HOOKS, **_TORCH_HOOKS} if progress_on else {**_INIT_HOOK,
+                                                                       **_TORCH_INIT_HOOK}
         sys.meta_path.insert(0, _PatchingFinder(hooks))
+        sys.meta_path.insert(0, _FrameworkFinder(set(contract.FRAMEWORKS)))
 
 
 def process_start() -> Optional[float]:
@@ -189,6 +195,37 @@ class _PatchingFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _FrameworkFinder(importlib.abc.MetaPathFinder):
+    """Tells the launcher, once per framework, that the rank begins importing it (before the
+    import's seconds are spent: MindSpore's scheduler starts meanwhile); finds nothing itself."""
+
+    def __init__(self, names: set[str]) -> None:
+        self._names = names
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> None:
+        if fullname not in self._names:
+            return None
+        self._names.discard(fullname)
+        if not self._names:
+            sys.meta_path.remove(self)
+        if fullname == "torch":
+            _one_thread_per_rank(os.environ)
+        events.emit(contract.EVENT_FRAMEWORK, name=fullname)
+        return None
+
+
+def _one_thread_per_rank(environ: "os._Environ[str]") -> None:
+    """torchrun's default: with several ranks on the node and no ``OMP_NUM_THREADS`` of the
+    user's, one OpenMP thread per rank (set before torch loads its OpenMP runtime)."""
+    try:
+        local_world = int(environ.get(contract.LOCAL_WORLD_SIZE, "1"))
+    except ValueError:
+        return
+    if local_world > 1 and contract.OMP_NUM_THREADS not in environ:
+        environ[contract.OMP_NUM_THREADS] = "1"
+
+
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, patch: Callable[[Any], None]) -> None:
         self._inner = inner
@@ -223,6 +260,38 @@ def _patch_serialization(module: Any) -> None:
             setattr(module, name, progress.counting_load(getattr(module, name)))
 
 
+def _patch_module_call(module: Any) -> None:
+    module.Module.__call__ = progress.counting_call(module.Module.__call__)
+
+
+def _patch_backward(module: Any) -> None:
+    module.Tensor.backward = progress.counting_call(module.Tensor.backward)
+
+
+def _patch_loader(module: Any) -> None:
+    iterator = module._BaseDataLoaderIter
+    iterator.__next__ = progress.counting_next(iterator.__next__)
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+                "barrier", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter",
+                "send", "recv", "monitored_barrier")
+
+
+def _patch_torch_init(module: Any) -> None:
+    """``torch.distributed.init_process_group``, before ``torch.distributed`` re-exports it."""
+    module.init_process_group = _reporting_init(module.init_process_group, exec_mode=False)
+
+
+def _patch_c10d(module: Any) -> None:
+    """``init_process_group`` and the collectives, before ``torch.distributed`` re-exports them."""
+    _patch_torch_init(module)
+    for name in _COLLECTIVES:
+        if hasattr(module, name):
+            setattr(module, name, progress.counting_call(getattr(module, name)))
+
+
 def _patch_graph_api(module: Any) -> None:
     executor = module._CellGraphExecutor
     executor.compile = _keeping_excepthook(executor.compile)
@@ -240,15 +309,29 @@ _MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def _reporting_init(real_init: Callable[..., Any]) -> Callable[..., Any]:
+_TORCH_HOOKS: dict[str, Callable[[Any], None]] = {
+    "torch.nn.modules.module": _patch_module_call,
+    "torch._tensor": _patch_backward,
+    "torch.utils.data.dataloader": _patch_loader,
+    "torch.distributed.distributed_c10d": _patch_c10d,
+}
+"""torch's counterparts of ``_MODULE_HOOKS``: its ``init_process_group`` and progress."""
+_TORCH_INIT_HOOK: dict[str, Callable[[Any], None]] = {
+    "torch.distributed.distributed_c10d": _patch_torch_init,
+}
+
+
+def _reporting_init(real_init: Callable[..., Any], exec_mode: bool = True) -> Callable[..., Any]:
+    """MindSpore's communication ``init()`` (``exec_mode``: its execution mode is told too) or
+    torch's ``init_process_group``, telling the launcher when it begins and returns."""
     def init(*args: Any, **kwargs: Any) -> Any:
         events.emit(contract.EVENT_INIT_STARTED)
-        if os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
+        if exec_mode and os.environ.get(contract.MS_ROLE) == contract.ROLE_WORKER:
             wait_for_scheduler(os.environ)
         result = real_init(*args, **kwargs)
         if contract.ERROR_FILE in os.environ:
             atexit.register(report_uncaught)  # again: before MindSpore's own exit handlers
-        events.emit(contract.EVENT_INITIALISED, exec_mode=_exec_mode())
+        events.emit(contract.EVENT_INITIALISED, **({"exec_mode": _exec_mode()} if exec_mode else {}))
         return result
     return functools.update_wrapper(init, real_init)
 
