@@ -17,6 +17,7 @@ import click
 from click.core import ParameterSource
 
 from launcher import __version__
+from launcher.cli_help import GroupedCommand, HelpGroup
 from parallel import contract
 from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env_name,
                              check_known_keys, fanout_in_force, parse_env_pairs,
@@ -36,7 +37,7 @@ from launcher.preflight import render, run_preflight
 _FILE_ONLY_KEYS = ("script", "script_args")
 
 
-class LaunchGroup(click.Group):
+class LaunchGroup(HelpGroup):
     """A group whose default command is ``run``: ``npu-launch train.py`` is
     ``npu-launch run train.py``."""
 
@@ -58,7 +59,7 @@ def cli() -> None:
     """Start and supervise one MindSpore process per Ascend card."""
 
 
-@cli.command("run", context_settings={"ignore_unknown_options": True,
+@cli.command("run", cls=GroupedCommand, context_settings={"ignore_unknown_options": True,
                                       "allow_interspersed_args": False})
 @click.option("--cards", type=int, help="Processes on this node, one per card [default: all "
               "cards found; 1 on CPU].")
