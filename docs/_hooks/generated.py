@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "parallel" / "contract.py"
 _MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*[A-Z0-9]")
-_NOT_VARIABLES = ("ROLE_", "PREFIX")  # values of MS_ROLE, and the NPU_LAUNCH_ prefix
+_NOT_VARIABLES = ("ROLE_SCHEDULER", "ROLE_WORKER", "PREFIX")  # MS_ROLE's values; the prefix
 
 
 class Constant(NamedTuple):
