@@ -42,6 +42,7 @@ from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
 from launcher.output import Console
 from launcher.payload import serving
+from launcher.frameworks import FrameworkNote, mindspore_only
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
 from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, Policy, blamed_host,
@@ -104,7 +105,8 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     console = _console(job, config, out)
     try:
         result = run_with_restarts(job, config, environ, console,
-                                   Attempts(monitor, ledger, hangs), err)
+                                   Attempts(monitor, ledger, hangs,
+                                            FrameworkNote(mindspore_only(config), err)), err)
         for note in (monitor.attempts_note(config.max_restarts), monitor.phases_note(),
                      monitor.checkpoint_note()):
             if note is not None:
@@ -216,10 +218,12 @@ class Attempts:
     monitor: JobMonitor
     ledger: CheckpointLedger
     hangs: Optional[HangCheck] = None
+    frameworks: Optional[FrameworkNote] = None
 
     def begin(self, plan: LaunchPlan) -> "Attempt":
         return Attempt(self.monitor, self.hangs, self.ledger, _stack_paths(plan),
-                       {s.rank: s.host for s in plan.ranks if s.rank is not None})
+                       {s.rank: s.host for s in plan.ranks if s.rank is not None},
+                       self.frameworks)
 
 
 class Attempt:
@@ -231,12 +235,14 @@ class Attempt:
 
     def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
                  ledger: Optional[CheckpointLedger] = None,
-                 stack_paths: Mapping[int, str] = {},
-                 ranks: Optional[Mapping[int, str]] = None) -> None:
+                 stack_paths: Optional[Mapping[int, str]] = None,
+                 ranks: Optional[Mapping[int, str]] = None,
+                 frameworks: Optional[FrameworkNote] = None) -> None:
         self.monitor = monitor
         self.hangs = hangs
         self.ledger = ledger
-        self._stack_paths = stack_paths
+        self._stack_paths = stack_paths or {}
+        self._frameworks = frameworks
         self.initialised: set[int] = set()
         self.calling_init: set[int] = set()
         monitor.begin_attempt(ranks)
@@ -252,6 +258,8 @@ class Attempt:
             self.ledger.record(event)
         elif event.kind == contract.EVENT_STACK:
             self._keep_stack(event)
+        elif event.kind == contract.EVENT_FRAMEWORK and self._frameworks is not None:
+            self._frameworks.see(event)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
