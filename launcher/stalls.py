@@ -137,8 +137,8 @@ class Stall:
     stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
     """(rank, frames, most recent call first) of the ranks the block shows."""
     how: str = ""
-    framework: str = "MindSpore"
-    """Where the waiting ranks wait: ``MindSpore`` or ``torch``."""
+    framework: str = ""
+    """Where the waiting ranks wait, if their stacks say: ``MindSpore`` or ``torch``."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
@@ -152,12 +152,13 @@ def describe_stall(stall: Stall, job_id: str) -> str:
         window = f"{stall.silent_for:.0f} s (--hang-timeout {stall.timeout:g})"
         if stall.rank is None:
             head = (f"npu-launch: job {job_id} stopped: no rank made progress for {window}; "
-                    f"every rank waits inside {stall.framework}")
+                    f"every rank waits inside {stall.framework or 'a step'}")
         else:
             names = ", ".join(f"rank {r}" for r in (stall.rank, *stall.also))
+            where = f" in {stall.framework}" if stall.framework else ""
             head = (f"npu-launch: job {job_id} stopped: {names} on {stall.host} hangs: no "
-                    f"progress for {window} while rank(s) {_ranks(stall.waiting)} wait in "
-                    f"{stall.framework}" + (f" ({stall.how})" if stall.how else ""))
+                    f"progress for {window} while rank(s) {_ranks(stall.waiting)} wait{where}"
+                    + (f" ({stall.how})" if stall.how else ""))
     lines = [head]
     for rank, frames in stall.stacks:
         lines.append(f"  rank {rank} is at (most recent call first):")
@@ -221,7 +222,7 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
     stacked = {r: s for r, s in samples.items() if s.frames and r in by_rank}
     inside = sorted(r for r, s in stacked.items() if s.waits_in)
     outside = sorted(r for r, s in stacked.items() if not s.waits_in)
-    framework = next((w for r in inside if (w := stacked[r].waits_in)), "MindSpore")
+    framework = next((w for r in inside if (w := stacked[r].waits_in)), "")
     busy = sorted(s.rank for s in states if s.progress.busy)
     idle = sorted(s.rank for s in states if not s.progress.busy)
     low = min(s.progress.count for s in states)

@@ -13,12 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from helpers import RANK_SCRIPTS, alive, initialised, job_pids, npu_launch_argv, run_launcher, wait_for
 
-pytestmark = pytest.mark.mindspore
-JOB = str(RANK_SCRIPTS / "ms_job.py")
+JOB = str(RANK_SCRIPTS / "plain_job.py")  # plain-Python ranks: no MindSpore process
 
 
 def _decoy(job_id: str) -> subprocess.Popen:

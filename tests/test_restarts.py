@@ -26,7 +26,7 @@ from parallel import contract
 from parallel.contract import Event
 from parallel.manifest import DataPosition, Manifest, RankFile
 
-JOB = str(RANK_SCRIPTS / "ms_job.py")
+JOB = str(RANK_SCRIPTS / "plain_job.py")  # plain-Python ranks: no MindSpore process
 CPU = ("--device", "cpu", "--cards", "2")
 
 
@@ -34,7 +34,6 @@ def _attempts(logs: Path) -> list[dict]:
     return json.loads((logs / "summary.json").read_text())["attempts"]
 
 
-@pytest.mark.mindspore
 def test_restarts_back_off_and_each_attempt_is_in_the_summary(weird_tmp: Path) -> None:
     logs = weird_tmp / "logs"
     result = run_launcher(*CPU, "--max-restarts", "2", "--restart-backoff", "0.5", "--job-id",
@@ -66,7 +65,6 @@ def test_restarts_back_off_and_each_attempt_is_in_the_summary(weird_tmp: Path) -
     assert_no_job_processes("backoff")
 
 
-@pytest.mark.mindspore
 def test_the_budget_is_spent_and_the_last_failure_ends_the_job(weird_tmp: Path) -> None:
     logs = weird_tmp / "logs"
     result = run_launcher(*CPU, "--max-restarts", "1", "--restart-backoff", "0", "--job-id",
@@ -81,7 +79,6 @@ def test_the_budget_is_spent_and_the_last_failure_ends_the_job(weird_tmp: Path) 
     assert_no_job_processes("spent")
 
 
-@pytest.mark.mindspore
 def test_a_hang_is_restarted_like_a_failure(weird_tmp: Path) -> None:
     logs = weird_tmp / "logs"
     result = run_launcher(*CPU, "--max-restarts", "1", "--restart-backoff", "0", "--hang-timeout",
@@ -99,7 +96,6 @@ def test_a_hang_is_restarted_like_a_failure(weird_tmp: Path) -> None:
     assert_no_job_processes("hang-restart")
 
 
-@pytest.mark.mindspore
 def test_a_stop_signal_while_waiting_to_restart_ends_the_job_at_once(weird_tmp: Path) -> None:
     logs = weird_tmp / "logs"
     proc = subprocess.Popen(npu_launch_argv(*CPU, "--max-restarts", "1", "--restart-backoff",

@@ -1,0 +1,102 @@
+"""A plain-Python data-parallel rank: ms_job.py's flags and outputs, no MindSpore, no torch.
+
+It plays a synchronous rank by the contract alone: it writes the events the rank hook writes
+for a framework's rank (``init-started``, ``initialised``, ``progress`` with ``busy`` while it
+waits on its peers) and the trainer's ``step`` events, and it meets its peers for real. Rank 0
+listens on MASTER_ADDR:MASTER_PORT, as torch's rank 0 does (npu-launch starts no MindSpore
+scheduler for ranks that never import MindSpore); "init" is every rank connecting there, and each
+step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
+
+--fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
+--sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
+--hang-rank R --hang-at-step K: rank R sleeps for an hour before step K.
+--steps N: steps; at the end each rank prints `checksum <value>` (equal on every rank).
+--fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
+first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
+"""
+import argparse
+import os
+import socket
+import struct
+import time
+
+from parallel.events import emit
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--hang-before-init", type=int, default=-1)
+parser.add_argument("--sleep-after-init", type=float, default=0)
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-at-step", type=int, default=-1)
+parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A:R")
+parser.add_argument("--fail-init-on-host", default=None)
+parser.add_argument("--hang-in-attempt", type=int, default=-1, help="only then (default: always)")
+args = parser.parse_args()
+attempt = int(os.environ.get("NPU_LAUNCH_RESTART", "0"))
+failing = {int(r) for a, r in (item.split(":") for item in args.fail_at_attempt) if int(a) == attempt}
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+_NUMBER = struct.Struct("!d")
+
+
+def recv_number(conn: socket.socket) -> float:
+    data = b""
+    while len(data) < _NUMBER.size:
+        chunk = conn.recv(_NUMBER.size - len(data))
+        if not chunk:
+            raise ConnectionError("a peer left the job")
+        data += chunk
+    return _NUMBER.unpack(data)[0]
+
+
+def init() -> list:
+    """Rank 0: the other ranks' connections. Others: the connection to rank 0."""
+    if rank == 0:
+        server = socket.create_server(address, reuse_port=False)
+        return [server.accept()[0] for _ in range(world - 1)]
+    while True:
+        try:
+            return [socket.create_connection(address)]
+        except OSError:
+            time.sleep(0.05)
+
+
+def all_reduce(peers: list, value: float) -> float:
+    """The sum of every rank's value, through rank 0; ``busy`` while waiting, as the rank hook
+    says of a rank inside a framework's collective."""
+    emit("progress", count=step_count, busy=True, loads=0)
+    if rank == 0:
+        total = value + sum(recv_number(c) for c in peers)
+        for conn in peers:
+            conn.sendall(_NUMBER.pack(total))
+    else:
+        peers[0].sendall(_NUMBER.pack(value))
+        total = recv_number(peers[0])
+    return total
+
+
+step_count = 0
+if rank == args.hang_before_init:
+    time.sleep(3600)
+emit("init-started")
+if os.environ.get("NPU_LAUNCH_HOST") == args.fail_init_on_host:
+    raise RuntimeError(f"init failed on host {args.fail_init_on_host}")
+peers = init()
+emit("initialised", exec_mode="graph")
+print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
+if rank == args.fail_rank:
+    raise ValueError(f"boom on rank {rank}")
+time.sleep(args.sleep_after_init)
+
+weight = 1.0
+for step in range(args.steps):
+    if rank == args.hang_rank and step == args.hang_at_step and args.hang_in_attempt in (-1, attempt):
+        time.sleep(3600)
+    weight -= 0.1 * all_reduce(peers, weight * (rank + 1)) / world
+    step_count += 1
+    emit("progress", count=step_count, busy=False, loads=0)
+    emit("step", step=step, loss=weight * weight)
+    if rank in failing:
+        raise RuntimeError(f"rank {rank} fails in attempt {attempt}")
+print(f"checksum {weight:.10f}", flush=True)
