@@ -10,7 +10,6 @@ import pytest
 
 from helpers import RANK_SCRIPTS, TESTS, assert_no_job_processes, per_rank, run_launcher
 
-pytestmark = pytest.mark.mindspore  # the ranks need no MindSpore, the job's scheduler does
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 
 

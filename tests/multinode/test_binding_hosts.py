@@ -16,7 +16,7 @@ from launcher.binding import format_cpu_list, split
 
 from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]  # the scheduler is MindSpore's
+pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 
 
 def _run(cluster, tmp: Path, job: str, cores: str):

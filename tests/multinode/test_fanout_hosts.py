@@ -18,7 +18,7 @@ import pytest
 
 from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]  # MindSpore's scheduler, on node 0
+pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 
 RECORDER = """#!{python}
 import os, subprocess, sys, time

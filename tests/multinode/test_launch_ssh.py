@@ -19,15 +19,17 @@ from helpers import checksums, npu_launch_argv, per_rank
 from .jobs import (assert_no_job_processes, initialised, job_dir, job_pids, job_processes,
                    kill_in_host, launch_on, run_on_node0, wait_slowly, worker, write_hostfile)
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+pytestmark = pytest.mark.multinode
 
 
-def _job(cluster, tmp: Path, extra_hosts: str = "") -> tuple[Path, Path]:
+def _job(cluster, tmp: Path, extra_hosts: str = "", script: str = "plain_job.py"
+         ) -> tuple[Path, Path]:
     """The job directory ``tmp`` on every host: the rank script and a hostfile of 2 slots per
-    host. Returns (script, hostfile)."""
+    host. Returns (script, hostfile). The ranks are plain Python (``plain_job.py``: no MindSpore
+    on any host) unless the test is about MindSpore's own training."""
     hostfile = write_hostfile(tmp, cluster, slots=2, extra=extra_hosts)
-    job_dir(cluster, tmp)
-    return tmp / "ms_job.py", hostfile
+    job_dir(cluster, tmp, scripts=(script,))
+    return tmp / script, hostfile
 
 
 def _args(cluster, tmp: Path, job: str, *args: str, hostfile: Path = None) -> list[str]:
@@ -49,8 +51,9 @@ def _wait_initialised(cluster, tmp: Path, job: str, proc=None, timeout: float = 
         assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
 
 
+@pytest.mark.mindspore
 def test_two_nodes_train_like_one_node_of_four(ssh_cluster, weird_tmp: Path) -> None:
-    script, _ = _job(ssh_cluster, weird_tmp)
+    script, _ = _job(ssh_cluster, weird_tmp, script="ms_job.py")
     multi = run_on_node0(ssh_cluster, _args(ssh_cluster, weird_tmp, "mn-ok", str(script),
                                             "--steps", "3"), cwd=weird_tmp)
     assert multi.returncode == 0, multi.stderr[-3000:]
@@ -112,7 +115,7 @@ def test_second_job_survives_first_jobs_teardown(ssh_cluster, weird_tmp: Path) -
     second = _start(ssh_cluster, weird_tmp, "mn-second", str(script), "--sleep-after-init", "5",
                     "--steps", "2")
     for job, proc in (("mn-first", first), ("mn-second", second)):
-        # Eight MindSpore ranks start on two cores here: give them time, and say why on failure.
+        # Eight ranks start on two cores here: give them time, and say why on failure.
         _wait_initialised(ssh_cluster, weird_tmp, job, proc, 300)
     survivors = job_pids(ssh_cluster, "mn-second")
     first.send_signal(signal.SIGINT)

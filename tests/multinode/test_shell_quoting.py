@@ -31,7 +31,7 @@ from .cluster import Cluster
 from .jobs import (assert_no_job_processes, mpi_launcher_args, run_on_node0, run_python_on,
                    write_hostfile)
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 
 INJECTIONS = ["; touch PWNED", "$(touch PWNED)", "`touch PWNED`", "'; touch PWNED; '",
               "\"; touch PWNED; \"", "line one\ntouch PWNED", "-rf", "--help", "-", "",

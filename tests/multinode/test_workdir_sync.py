@@ -18,7 +18,7 @@ import pytest
 
 from .jobs import assert_no_job_processes, job_dir, mpi_launcher_args, run_on_node0, write_hostfile
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 
 HELLO = """\
 import os, socket, sys
