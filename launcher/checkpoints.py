@@ -37,7 +37,7 @@ import threading
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from launcher.payload import Upload
-from parallel.manifest import (MANIFEST, DataPosition, Manifest, RankFile, atomic_write_bytes,
+from parallel.manifest import (MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files,
                                fsync_dir, sha256_file)
 from parallel.contract import Event
 
@@ -139,11 +139,9 @@ class CheckpointLedger:
         with self._lock:
             ranks = self._steps.setdefault(step, {})
             ranks[event.rank] = told
-            if len(ranks) < self._world:
+            files = complete_files({r: rep.file for r, rep in ranks.items()}, self._world)
+            if files is None:
                 return None
-            files = tuple(ranks[r].file for r in range(self._world))
-            if len({f.position for f in files}) != 1:
-                return None  # ranks disagree where training stands: not a step to resume from
             before = self._complete.get(step)
             if before is not None and before.files == files:
                 return None
@@ -342,14 +340,8 @@ def place_for_resume(point: ResumePoint, ranks: Sequence[int], host: str,
 
 def reported(event: Event) -> Optional[Reported]:
     """The file a checkpoint event describes; None when the event lacks what it takes."""
-    record = event.record
-    try:
-        position = DataPosition.from_dict(record["position"])
-        file = RankFile(event.rank, str(record["name"]), int(record["size"]),
-                        str(record["sha256"]), position)
-    except (KeyError, TypeError, ValueError):
-        return None
-    if event.path is None or not os.path.isabs(event.path):
+    file = RankFile.reported(event.rank, event.record)
+    if file is None or event.path is None or not os.path.isabs(event.path):
         return None
     return Reported(event.host, event.path, file)
 

@@ -45,7 +45,7 @@ from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import (EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE,
                                Event)
-from parallel.manifest import atomic_write_bytes
+from parallel.manifest import RankFile, atomic_write_bytes, complete_files
 
 _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
@@ -135,6 +135,8 @@ class JobState:
     def __init__(self, ranks: Mapping[int, str]) -> None:
         self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
         self.checkpoints: list[dict[str, Any]] = []
+        self.files: dict[int, dict[int, RankFile]] = {}
+        """Each step's checkpoint files by rank, as the ranks described them."""
         self.transferred: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
         """Checkpoint files node 0 sent to hosts that lacked them, for a resume."""
         self.collected: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
@@ -189,12 +191,10 @@ class JobState:
                 "attempts": list(self.attempts)}
 
     def complete_steps(self) -> list[int]:
-        """Steps every rank of the job reported a checkpoint of (on whatever host)."""
-        ranks: dict[Any, set[int]] = {}
-        for c in self.checkpoints:
-            ranks.setdefault(c["step"], set()).add(c["rank"])
-        return sorted(step for step, who in ranks.items()
-                      if step is not None and who >= set(self.ranks))
+        """Steps complete by the ledger's one rule (``parallel.manifest.complete_files``): every
+        rank of the job reported its file of the step, on whatever host, at one data position."""
+        return sorted(step for step, files in self.files.items()
+                      if complete_files(files, len(self.ranks)) is not None)
 
     def _rank(self, rank: int, host: str) -> RankState:
         if rank not in self.ranks:
@@ -213,6 +213,9 @@ def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> N
 def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
     job.checkpoints.append({"rank": state.rank, "step": event.step, "host": event.host,
                             "path": event.path, "time": state.last_event_time})
+    file = RankFile.reported(state.rank, event.record)
+    if file is not None and event.step is not None and file.position.global_step == event.step:
+        job.files.setdefault(event.step, {})[state.rank] = file
 
 
 def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 MANIFEST = "manifest.json"
@@ -48,10 +48,32 @@ class RankFile:
         return dataclasses.asdict(self)
 
     @classmethod
+    def reported(cls, rank: int, record: Mapping[str, Any]) -> "Optional[RankFile]":
+        """The file a rank's ``checkpoint`` event record describes (``name``, ``size``,
+        ``sha256``, ``position``); None when the record lacks any of them."""
+        try:
+            return cls(rank, str(record["name"]), int(record["size"]), str(record["sha256"]),
+                       DataPosition.from_dict(record["position"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RankFile":
         """Inverse of :meth:`to_dict`."""
         return cls(int(data["rank"]), str(data["name"]), int(data["size"]), str(data["sha256"]),
                    DataPosition.from_dict(data["position"]))
+
+
+def complete_files(files: Mapping[int, RankFile], world_size: int
+                   ) -> "Optional[tuple[RankFile, ...]]":
+    """The one rule for a complete step: a file from every rank ``0 .. world_size - 1``, all at
+    the same data position (ranks that disagree where training stands give no step to resume
+    from). The files in rank order, or None. Node 0's ledger writes a manifest for exactly these
+    steps, and summary.json calls exactly these complete."""
+    if world_size <= 0 or any(r not in files for r in range(world_size)):
+        return None
+    ordered = tuple(files[r] for r in range(world_size))
+    return ordered if len({f.position for f in ordered}) == 1 else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ real event records (and, once, with the real rank-side writer in another process
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -19,11 +20,12 @@ import pytest
 
 from helpers import REPO, exited, feed, wait_for
 from parallel import contract
+from launcher.checkpoints import CheckpointLedger
 from launcher.events import EventTail
 from launcher.failures import Outcome
 from launcher.monitor import JobMonitor, table_height
 from launcher.stalls import HangCheck, Limits, Stall, describe_stall
-from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE
+from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}
 
@@ -53,6 +55,14 @@ class CountingStream(io.StringIO):
 def record(event: str, rank: int, t: float, **fields: object) -> dict:
     return {"event": event, "rank": rank, "host": HOSTS.get(rank, "elsewhere"), "pid": 100 + rank,
             "time": t, **fields}
+
+
+def checkpoint(rank: int, t: float, n: int, path: str, at_step: Optional[int] = None) -> dict:
+    """A rank's checkpoint event as the trainer writes it: the file and the data position it
+    saved (``at_step``: where the rank says training stands, the step by default)."""
+    position = {"epoch": 0, "batch_in_epoch": 0, "global_step": n if at_step is None else at_step}
+    return record("checkpoint", rank, t, step=n, path=path, name=path.rsplit("/", 1)[-1],
+                  size=4, sha256="0" * 64, position=position, world_size=len(HOSTS))
 
 
 def step(rank: int, t: float, n: int, loss: float = 0.5, rate: float = 100.0) -> dict:
@@ -105,8 +115,8 @@ def test_summary_json_has_per_rank_results_checkpoints_and_times(weird_tmp: Path
     for rank in HOSTS:
         feed(monitor, record("initialised", rank, 1001.0))
         feed(monitor, step(rank, 1002.0, 10, loss=0.9, rate=50.0 + rank))
-    feed(monitor, record("checkpoint", 0, 1003.0, step=10, path="/ckpt/step_10/rank_0.ckpt"))
-    feed(monitor, record("checkpoint", 1, 1003.1, step=10, path="/ckpt/step_10/rank_1.ckpt"))
+    feed(monitor, checkpoint(0, 1003.0, 10, "/ckpt/step_10/rank_0.ckpt"))
+    feed(monitor, checkpoint(1, 1003.1, 10, "/ckpt/step_10/rank_1.ckpt"))
     for rank in (0, 1, 2):
         feed(monitor, record("finished", rank, 1004.0 + rank, steps=20, final_loss=0.25,
                                 samples_per_s=60.0 + rank))
@@ -150,7 +160,7 @@ def test_a_step_is_complete_once_every_rank_on_any_host_reported_it(weird_tmp: P
     monitor = make_monitor(weird_tmp, FakeClock())
     for step_ in (5, 10):
         for rank in HOSTS if step_ == 5 else (0, 2):
-            feed(monitor, record("checkpoint", rank, 1.0, step=step_, path=f"/c/{step_}/{rank}"))
+            feed(monitor, checkpoint(rank, 1.0, step_, f"/c/{step_}/{rank}"))
     assert monitor.checkpoint_note() is None  # step 5 is complete
     summary = monitor.close("succeeded", 0)
     assert summary["complete_steps"] == [5]
@@ -158,10 +168,31 @@ def test_a_step_is_complete_once_every_rank_on_any_host_reported_it(weird_tmp: P
         (10, "node-a", False), (10, "node b", False)]
 
     none_complete = make_monitor(weird_tmp / "b", FakeClock())
-    feed(none_complete, record("checkpoint", 1, 1.0, step=7, path="/c/7/1"))
+    feed(none_complete, checkpoint(1, 1.0, 7, "/c/7/1"))
     assert none_complete.checkpoint_note() == (
         "npu-launch: checkpoints were written (step 7) but no step by every rank: none is "
         "complete to resume from")
+
+
+def test_summary_and_ledger_agree_on_which_steps_are_complete(weird_tmp: Path) -> None:
+    """One rule for a complete step (``parallel.manifest.complete_files``). Before it, summary.json
+    called a step complete once every rank reported it, while node 0's ledger also needs one data
+    position: ranks that disagree where training stands (here rank 3 says step 10 holds the
+    position of step 9) gave a "complete" step no manifest was ever written for."""
+    monitor = make_monitor(weird_tmp, FakeClock())
+    ledger = CheckpointLedger(str(weird_tmp / "ledger"), world_size=len(HOSTS), data_parallel=True)
+    for rank in HOSTS:
+        path = weird_tmp / "ckpt" / f"rank_{rank}.ckpt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"four")
+        told = checkpoint(rank, 1.0, 10, str(path), at_step=9 if rank == 3 else None)
+        told["sha256"] = hashlib.sha256(b"four").hexdigest()
+        feed(monitor, told)
+        event = Event.parse(told)
+        assert event is not None
+        ledger.record(event)
+    assert ledger.complete_steps == []
+    assert monitor.close("succeeded", 0)["complete_steps"] == ledger.complete_steps
 
 
 def test_summary_counts_what_node_0_collected_and_sent_and_what_storage_it_found(
@@ -283,7 +314,7 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
         "30 s while other ranks advanced")
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
-        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": ""}
+        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "", "framework": ""}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
@@ -528,7 +559,9 @@ def test_real_rank_writer_through_event_tail_into_the_monitor(weird_tmp: Path) -
         for n in (1, 2, 3):
             events.emit("step", step=n, epoch=0, loss=1.0 / n, samples_per_s=250.0, loss_scale=1.0)
         events.emit(contract.EVENT_EVAL, epoch=1, step=3, loss=0.5, accuracy=0.875, samples=8)
-        events.emit("checkpoint", step=3, path="/ckpt/step_3/rank_3.ckpt")
+        events.emit("checkpoint", step=3, path="/ckpt/step_3/rank_3.ckpt", name="rank_3.ckpt",
+                    size=4, sha256="0" * 64, world_size=4,
+                    position={"epoch": 0, "batch_in_epoch": 3, "global_step": 3})
         events.emit("finished", steps=3, final_loss=0.4, samples_per_s=255.5, exec_mode="pynative")
         """)
     env = {**os.environ, "NPU_LAUNCH_EVENTS_FILE": str(events_path), "RANK_ID": "3",
