@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +51,21 @@ def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = N
     return subprocess.run(npu_launch_argv(*args), cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
+
+def run_torchrun(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 script``; if it outlives the guard, its whole
+    session is killed (torchrun's workers would outlive a torchrun killed alone)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            script]
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
     """Exit 2, no traceback, and one line ``npu-launch: error: ...`` holding every needle: the

@@ -15,12 +15,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, wait_for
+from helpers import (RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, run_torchrun,
+                     wait_for)
 from launcher.stalls import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.torch
@@ -41,11 +41,10 @@ def torchrun_result(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Comp
     """The same script under torchrun, once per test run: the reference."""
     cwd = tmp_path_factory.mktemp("torchrun")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", DDP], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = run_torchrun(DDP, cwd, env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
 
 
 def launch(tmp: Path, job: str, *script_args: str, options: tuple[str, ...] = ()

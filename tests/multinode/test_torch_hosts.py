@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import RANK_SCRIPTS
+from helpers import RANK_SCRIPTS, run_torchrun
 
 from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, write_hostfile
 
@@ -22,10 +22,8 @@ _CHECKSUM = re.compile(r"\[([^:\]]+):(\d+)\] rank \d+/2 checksum (\S+)")
 @pytest.fixture(scope="module")
 def torchrun_checksum(tmp_path_factory: pytest.TempPathFactory) -> str:
     """What both ranks reach under torchrun, 2 ranks on one node (here, outside the hosts)."""
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", str(RANK_SCRIPTS / "torch_ddp.py")],
-                            cwd=tmp_path_factory.mktemp("torchrun"), capture_output=True,
-                            text=True, timeout=300)
+    result = run_torchrun(str(RANK_SCRIPTS / "torch_ddp.py"), tmp_path_factory.mktemp("torchrun"),
+                          dict(os.environ))
     assert result.returncode == 0, result.stderr[-3000:]
     (value,) = set(re.findall(r"checksum (\S+)", result.stdout))
     return value
