@@ -1,0 +1,78 @@
+"""Count the MindSpore start-ups a command causes: every Python process that imports MindSpore.
+
+    python bench/count_mindspore_starts.py -- python -m pytest -q -p no:cacheprovider tests
+
+For the length of the command, a ``.pth`` file in this interpreter's site-packages makes every
+Python process (the test process, npu-launch, its ranks and schedulers, on every test host,
+which share the image) append one line to a log as it begins importing ``mindspore``: its pid
+and command line. The file is removed afterwards, whatever happens. The count is of processes,
+grouped by what they were (a scheduler, a rank script, the test process itself).
+
+This changes nothing the command runs: the hook finds nothing itself and is a dictionary lookup
+per import. It measures the suite for issue 23 ("at most 40 MindSpore start-ups").
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import site
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_HOOK = """\
+import sys, os
+class _NpuLaunchCount:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mindspore":
+            sys.meta_path.remove(self)
+            with open({log!r}, "a") as f:
+                f.write(__import__("json").dumps([os.getpid(), sys.argv]) + "\\n")
+        return None
+sys.meta_path.insert(0, _NpuLaunchCount())
+"""
+
+
+def kind_of(argv: list[str]) -> str:
+    """What a process that imported MindSpore was, from its command line."""
+    text = " ".join(argv)
+    if "parallel.scheduler" in text or argv[:1] == ["-m"] and "scheduler" in text:
+        return "scheduler"
+    if "pytest" in text:
+        return "the test process"
+    script = next((Path(a).name for a in argv if a.endswith(".py")), argv[0] if argv else "?")
+    return f"rank or script: {script}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    parser.add_argument("--json", help="write the counts here too")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    log = Path(tempfile.mkdtemp(prefix="ms-starts-")) / "starts.jsonl"
+    log.touch()
+    os.chmod(log.parent, 0o777)
+    os.chmod(log, 0o666)
+    pth = Path(site.getsitepackages()[0]) / "zz_npu_launch_count_mindspore.pth"
+    pth.write_text("import sys; exec(" + repr(_HOOK.format(log=str(log))) + ")\n")
+    try:
+        code = subprocess.call(command)
+    finally:
+        pth.unlink()
+    starts = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    kinds = collections.Counter(kind_of(argv) for _, argv in starts)
+    print(f"MindSpore start-ups: {len(starts)} (command exited {code})")
+    for kind, n in kinds.most_common():
+        print(f"  {n:4d}  {kind}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"total": len(starts), "by_kind": dict(kinds),
+                                               "exit_code": code}, indent=2) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
