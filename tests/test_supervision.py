@@ -72,6 +72,22 @@ def test_failing_rank_is_the_root_cause(weird_tmp: Path) -> None:
     assert_no_job_processes("fail-job")
 
 
+def test_a_rank_that_ignores_sigterm_is_killed_by_the_teardown(weird_tmp: Path) -> None:
+    """Rank 1 fails; rank 0 ignores SIGTERM: the launcher's teardown must SIGKILL it after
+    --kill-timeout, and see it exit so, before the launcher itself exits (the parent-death
+    signal would kill it later anyway: the exit recorded in metrics.jsonl tells them apart)."""
+    proc = _launch(weird_tmp, "stubborn", "--fail-rank", "1", "--sleep-after-init", "3600",
+                   "--ignore-sigterm", "0", extra=("--kill-timeout", "1"))
+    wait_for(lambda: job_pids("stubborn"), "the job's processes")
+    seen = tuple(job_pids("stubborn"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "raised ValueError" in err, err[-3000:]
+    exits = [json.loads(line) for line in (weird_tmp / "logs" / "metrics.jsonl").read_text().splitlines()
+             if '"exited"' in line]
+    assert {(e["rank"], e["returncode"]) for e in exits if e["rank"] == 0} == {(0, -signal.SIGKILL)}
+    assert_no_job_processes("stubborn", seen)
+
+
 def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "kill-job", "--sleep-after-init", "3600")
     wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")

@@ -11,11 +11,13 @@ step an all-reduce of one number through rank 0, so a rank that stops stops the 
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
 --hang-rank R --hang-at-step K: rank R sleeps for an hour before step K.
 --steps N: steps; at the end each rank prints `checksum <value>` (equal on every rank).
+--ignore-sigterm R: rank R ignores SIGTERM (only SIGKILL stops it).
 --fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
 """
 import argparse
 import os
+import signal
 import socket
 import struct
 import time
@@ -32,6 +34,7 @@ parser.add_argument("--hang-at-step", type=int, default=-1)
 parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A:R")
 parser.add_argument("--fail-init-on-host", default=None)
 parser.add_argument("--hang-in-attempt", type=int, default=-1, help="only then (default: always)")
+parser.add_argument("--ignore-sigterm", type=int, default=-1)
 args = parser.parse_args()
 attempt = int(os.environ.get("NPU_LAUNCH_RESTART", "0"))
 failing = {int(r) for a, r in (item.split(":") for item in args.fail_at_attempt) if int(a) == attempt}
@@ -77,6 +80,8 @@ def all_reduce(peers: list, value: float) -> float:
 
 
 step_count = 0
+if rank == args.ignore_sigterm:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if rank == args.hang_before_init:
     time.sleep(3600)
 emit("init-started")
