@@ -468,6 +468,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         code = cli.main(args=list(argv) if argv is not None else None, prog_name="npu-launch",
                         standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        # A command without what it needs (``npu-launch``, ``npu-launch rank-table``): its help,
+        # as click itself shows it (on stderr, exit 2), not squeezed into one error line.
+        e.show()
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         click.echo(f"npu-launch: error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
