@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import ipaddress
 import os
 import secrets
 import signal
@@ -431,9 +432,10 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     node_rank = config.node_rank or 0
     host = socket.gethostname()
     nodes = tuple(Node(host if i == node_rank else f"node{i}", i, cards) for i in range(nnodes))
-    master_addr = config.master_addr or "127.0.0.1"
+    master_addr, name = master_address(config.master_addr)
     port = _master_port(config, master_addr, check=node_rank == 0)
-    return Job(_plan(config, environ, nodes, device, master_addr, port, {}), None, node_rank)
+    plan = _plan(config, environ, nodes, device, master_addr, port, {})
+    return Job(dataclasses.replace(plan, master_name=name), None, node_rank)
 
 
 def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, notes: TextIO,
@@ -454,6 +456,7 @@ def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, no
                   for i in range(pod.nnodes))
     port = _master_port(config, pod.master_addr, check=pod.hosts_scheduler)
     plan = pods.share(_plan(config, environ, nodes, device, pod.master_addr, port, {}), pod)
+    plan = dataclasses.replace(plan, master_name=pod.master_name)
     return Job(plan, None, here, before_start=pods.table_wait(pod, config, err), pod=pod)
 
 
@@ -465,8 +468,9 @@ def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
                        "this host")
     nodes = (Node(socket.gethostname(), 0, share.cards),)
     layout = TableLayout({0: share.assignments}, table.rank_count, config.rank_table or "")
-    plan = _plan(config, environ, nodes, device, config.master_addr or "127.0.0.1", 0, {},
-                 layout)
+    master_addr, name = master_address(config.master_addr)
+    plan = dataclasses.replace(_plan(config, environ, nodes, device, master_addr, 0, {}, layout),
+                               master_name=name)
     generated = table if config.rank_table == AUTO else None
     return Job(plan, None, 0, generated)
 
@@ -481,6 +485,7 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
                                config.ssh_fanout)
     hosts = _selected_hosts(config, kind, environ, options)
     _check_min_nodes(config, len(hosts))
+    given = master_address(config.master_addr) if config.master_addr else None
     port = config.master_port or ports.free_port("")
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
     sync = None
@@ -492,11 +497,12 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
         """The job on ``kept`` hosts; like ``like`` (a smaller job of the same plan)."""
         nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
                       for i, h in enumerate(kept))
-        master_addr = config.master_addr if config.master_addr and like is None \
-            else _address_of(kept[0].host)
+        master_addr, name = given if given and like is None \
+            else (_address_of(kept[0].host), kept[0].host)
         told = {**extra, contract.PLANNED_WORLD: str(like.planned_world)} if like else extra
         plan = _plan(config, environ, nodes, device, master_addr, port, told, agents=True,
                      launcher_node=launcher_node([h.host for h in kept]), same_as=like)
+        plan = dataclasses.replace(plan, master_name=name if name != master_addr else "")
         backend = _hostfile_backend(config, kind, environ, options, kept)
 
         def without(host: str) -> Job:
@@ -601,6 +607,26 @@ def _address_of(host: str) -> str:
     except OSError:
         raise ConfigError(f"cannot resolve {host} (the first host, where the scheduler runs); "
                           "give --master-addr") from None
+
+
+def master_address(given: Optional[str]) -> tuple[str, str]:
+    """The scheduler's address as MindSpore takes it (an IP: it cannot parse a host name), and
+    the name it was given as ("" for an address). A name is resolved here, once, on node 0 (or
+    on each node of a job started by hand), to its IPv4 address, as msrun resolves
+    ``--master_addr``; every rank then gets that address."""
+    if not given:
+        return "127.0.0.1", ""
+    try:
+        ipaddress.ip_address(given.strip("[]"))
+        return given, ""
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(given), given
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"--master-addr {given}: cannot resolve the name "
+                          f"({getattr(e, 'strerror', None) or e}); give the scheduler host's "
+                          "IP address") from None
 
 
 @dataclasses.dataclass(frozen=True)

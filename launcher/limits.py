@@ -6,6 +6,7 @@ ends" table lists them; keep the two in step.
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 
@@ -81,3 +82,58 @@ def shell_words(option: str, text: str) -> tuple[str, ...]:
         return tuple(shlex.split(text))
     except ValueError as e:
         raise ConfigError(f"{option} {shown(text)}: {e} (quote it as in a shell)") from None
+
+
+MAX_ARG_STRLEN = 32 * 4096
+"""Bytes in one argument or one ``NAME=value`` of a process's environment, its NUL included:
+Linux refuses a longer one at ``execve`` (E2BIG), after the job would have started."""
+EXEC_SHARE = 2
+"""What the user's arguments and ``--env`` together may take of the kernel's ``ARG_MAX``:
+half, the rest left to the environment the ranks inherit and npu-launch's own variables."""
+MAX_PATH_BYTES = 4095
+"""Bytes in a path the kernel takes (PATH_MAX, 4096 with the NUL)."""
+MAX_NAME_BYTES = 255
+"""Bytes in one file name (NAME_MAX)."""
+MAX_COMPILED_BYTES = 8 << 20
+"""A script larger than this is not compiled to check it is Python (only its first line is
+read): compiling it would hold the launch up."""
+
+
+def check_exec_string(what: str, text: str) -> None:
+    """Refuse an argument or environment entry longer than ``execve`` takes."""
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size + 1 > MAX_ARG_STRLEN:
+        raise ConfigError(f"{what}: {size} bytes; a process takes at most {MAX_ARG_STRLEN - 1} "
+                          "in one argument or variable (Linux's MAX_ARG_STRLEN)")
+
+
+def arg_max() -> int:
+    """The kernel's bound on a process's arguments and environment together, in bytes."""
+    try:
+        return max(os.sysconf("SC_ARG_MAX"), 1 << 17)
+    except (ValueError, OSError):
+        return 1 << 21
+
+
+def check_exec_total(args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> None:
+    """Refuse script arguments and ``--env`` values that together leave the ranks too little of
+    ``ARG_MAX`` (each string counts its pointer and NUL, as the kernel counts them)."""
+    strings = [*args, *(f"{k}={v}" for k, v in env)]
+    total = sum(len(s.encode("utf-8", "surrogateescape")) + 1 + 8 for s in strings)
+    budget = arg_max() // EXEC_SHARE
+    if total > budget:
+        raise ConfigError(f"the script's arguments and --env values: {total} bytes together; "
+                          f"at most {budget} (half of this system's ARG_MAX, "
+                          f"{arg_max()}: the ranks' own environment needs the rest)")
+
+
+def check_path_length(what: str, path: str) -> None:
+    """Refuse a path the kernel would refuse (ENAMETOOLONG) where it is used."""
+    data = path.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_PATH_BYTES:
+        raise ConfigError(f"{what}: a path of {len(data)} bytes; the system takes at most "
+                          f"{MAX_PATH_BYTES}")
+    longest = max((len(part) for part in data.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise ConfigError(f"{what}: a name of {longest} bytes in the path; the system takes at "
+                          f"most {MAX_NAME_BYTES} per name")
