@@ -177,6 +177,10 @@ class LaunchConfig:
                 raise ConfigError(f"--env {key}={shown(value)}: turns MindSpore's compile cache "
                                   "on in every rank, and --no-compile-cache asks for none; give "
                                   "one of them")
+            if key == contract.MSRUN_CPU_LIST and (self.bind_cores or "").strip() == "none":
+                raise ConfigError(f"--env {key}: binds MindSpore's threads to cores in every "
+                                  "rank, and --bind-cores none asks for no binding; give one "
+                                  "of them")
             if key == contract.ASCEND_RT_VISIBLE_DEVICES:
                 raise ConfigError(f"--env {key}: npu-launch picks the cards (and each rank's "
                                   f"DEVICE_ID) from {key} in its own environment; set it there "
@@ -287,6 +291,31 @@ class LaunchConfig:
                               "--master-port")
 
 
+def check_environment(config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    """The environment the ranks inherit may not turn on what an option turns off, nor carry
+    npu-launch's own variables left from another job (it is read where the job is made, never
+    while the config is built)."""
+    for key in _LEFT_FROM_A_JOB:
+        if key in environ:
+            raise ConfigError(f"{key}={shown(environ[key])} in npu-launch's environment: "
+                              "npu-launch sets it in the ranks when a job needs it, and this "
+                              "value, left from another job (a rank's environment?), would "
+                              "reach every rank; unset it")
+    if config.compile_cache:
+        return
+    for key in _COMPILE_CACHE_VARIABLES:
+        value = environ.get(key)
+        if value is not None and _turns_on(key, value) and key not in dict(config.env):
+            raise ConfigError(f"--no-compile-cache: {key}={shown(value)} in npu-launch's "
+                              "environment turns MindSpore's compile cache on in every rank; "
+                              f"unset it (or drop --no-compile-cache)")
+
+
+_LEFT_FROM_A_JOB = (contract.RESUME_STEP, contract.PROGRESS, contract.PLANNED_WORLD,
+                    contract.CPUS, contract.NUMA_NODES, contract.WAIT_FOR_SCHEDULER)
+"""Variables a rank reads that the plan sets only when the job needs them: one inherited from
+the launcher's environment would hold where the plan leaves it out (``--hang-timeout 0`` with
+``NPU_LAUNCH_PROGRESS=1``; a fresh job resuming from ``NPU_LAUNCH_RESUME_STEP``)."""
 _COMPILE_CACHE_VARIABLES = (contract.MS_COMPILER_CACHE_ENABLE, contract.MS_COMPILER_CACHE_PATH)
 
 

@@ -20,7 +20,7 @@ import socket
 import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher import pods, ports
+from launcher import limits, pods, ports
 from parallel import contract
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
@@ -32,7 +32,7 @@ from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.cluster import run_agents
 from launcher.console_lines import RankLines
 from launcher.collect import launcher_node, mark_storage
-from launcher.config import LaunchConfig
+from launcher.config import LaunchConfig, check_environment
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
@@ -380,6 +380,7 @@ def _write_plan(plan: LaunchPlan) -> None:
 
 def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     """Everything that must be true before a process starts is checked here."""
+    check_environment(config, environ)
     pod = pods.detect(config, environ)  # an operator's pod: this node's share, as it says
     if pod is not None:
         config = pods.node_config(config, pod)
@@ -395,10 +396,28 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
     else:
         job = _cluster_job(config, kind, environ, err)
     check_log_dir(job.plan.log_dir)
+    _check_path_lengths(job.plan)
     err.write(notes.getvalue())
     if job.before_start is not None:
         job.before_start()  # the job is good: only now may it change other hosts
     return job
+
+
+_CACHE_DEPTH = 64
+"""Bytes MindSpore adds under a rank's compile cache (``rank_N/graph_cache/<graph>``)."""
+
+
+def _check_path_lengths(plan: LaunchPlan) -> None:
+    """Every file the job writes has a path the kernel takes (PATH_MAX): a log directory deep
+    enough to pass it would fail once folders were made."""
+    paths = [p + ("x" * _CACHE_DEPTH if p.endswith(os.sep) else "")
+             for spec in plan.processes for p in spec.files]
+    longest = max(paths, key=lambda p: len(os.fsencode(p)), default=plan.log_dir)
+    size = len(os.fsencode(longest))
+    if size > limits.MAX_PATH_BYTES:
+        raise ConfigError(f"log directory {limits.shown(plan.log_dir)}: the job's files in it "
+                          f"reach paths of {size} bytes; the system takes at most "
+                          f"{limits.MAX_PATH_BYTES}: give a shorter --log-dir")
 
 
 def _check_for_kind(config: LaunchConfig, kind: LauncherKind) -> None:
