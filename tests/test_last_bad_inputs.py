@@ -88,6 +88,20 @@ def test_a_path_past_name_max_is_one_line(tmp_path: Path) -> None:
              needles=("--hostfile", "a name of 300 bytes", "255"))
 
 
+def test_a_log_dir_whose_files_would_pass_path_max_is_refused_before_it_is_made(
+        tmp_path: Path) -> None:
+    """The default log dir under a launch folder 4051 bytes deep: npu_launch_logs/ was made,
+    then the lock file's path was too long."""
+    deep = tmp_path
+    while len(os.fsencode(deep)) < 3800:
+        deep = deep / ("d" * 250)
+    deep = deep / ("e" * (4050 - len(os.fsencode(deep)) - 1))
+    os.makedirs(deep)
+    result = run_launcher(*CPU, "--cards", "2", _script(deep), cwd=deep)
+    assert_one_line_error(result, "the job's files in it reach paths of", "give a shorter --log-dir")
+    assert sorted(p.name for p in deep.iterdir()) == ["train.py"]
+
+
 # An option contradicted by the environment it sets -----------------------------------------------
 
 @pytest.mark.parametrize("pair", ["MS_COMPILER_CACHE_ENABLE=1", "MS_COMPILER_CACHE_PATH=/tmp/c"])
@@ -112,6 +126,24 @@ def test_env_that_agrees_with_the_option_is_taken(tmp_path: Path) -> None:
 def test_env_naming_other_cards_is_refused(tmp_path: Path) -> None:
     _refused(tmp_path, *CPU, "--env", "ASCEND_RT_VISIBLE_DEVICES=4,5", "--dry-run",
              _script(tmp_path), needles=("--env ASCEND_RT_VISIBLE_DEVICES", "its own environment"))
+
+
+def test_env_binding_threads_with_bind_cores_none_is_refused(tmp_path: Path) -> None:
+    _refused(tmp_path, *CPU, "--bind-cores", "none", "--env", "MSRUN_CPU_LIST=[0]", "--dry-run",
+             _script(tmp_path), needles=("--env MSRUN_CPU_LIST", "--bind-cores none"))
+
+
+@pytest.mark.parametrize("inherited, needles", [
+    ({"MS_COMPILER_CACHE_ENABLE": "1"}, ["--no-compile-cache: MS_COMPILER_CACHE_ENABLE='1' in "
+                                         "npu-launch's environment", "unset it"]),
+    ({"NPU_LAUNCH_RESUME_STEP": "40"}, ["NPU_LAUNCH_RESUME_STEP='40' in npu-launch's environment",
+                                        "left from another job"]),
+    ({"NPU_LAUNCH_PROGRESS": "1"}, ["NPU_LAUNCH_PROGRESS='1'"]),
+])
+def test_an_inherited_variable_that_contradicts_the_job_is_refused(tmp_path: Path, inherited: dict,
+                                                                    needles: list) -> None:
+    _refused(tmp_path, *CPU, "--no-compile-cache", "--hang-timeout", "0", _script(tmp_path),
+             env={**os.environ, **inherited}, needles=tuple(needles))
 
 
 # Pods whose variables come from two operators ----------------------------------------------------
