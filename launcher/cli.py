@@ -369,6 +369,10 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str
                 (key in _FILE_ONLY_KEYS and not options[param.name]):
             merged[param.name] = value
             origins[f"--{key.replace('_', '-')}"] = f"{path}:{setting.line}"
+        elif param.name == "env_pairs":
+            # Variables add up, as the parallel section's keys do: the file's first, so that a
+            # flag's value for the same variable wins; none of the file's is dropped unsaid.
+            merged[param.name] = (*value, *options[param.name])
     return merged, section, origins
 
 

@@ -146,6 +146,17 @@ def test_an_inherited_variable_that_contradicts_the_job_is_refused(tmp_path: Pat
              env={**os.environ, **inherited}, needles=tuple(needles))
 
 
+def test_a_config_files_env_and_env_flags_add_up(tmp_path: Path) -> None:
+    """A flag used to replace the file's whole ``env:``, dropping its other variables unsaid;
+    now they add up, and a flag's value for the same variable wins."""
+    (tmp_path / "job.yaml").write_text("env:\n  A: 'file'\n  B: 'file'\n")
+    result = run_launcher(*CPU, "--config", "job.yaml", "--env", "B=flag", "--env", "C=flag",
+                          "--dry-run", "--json", _script(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    env = json.loads(result.stdout)["ranks"][0]["env"]
+    assert (env["A"], env["B"], env["C"]) == ("file", "flag", "flag")
+
+
 # Pods whose variables come from two operators ----------------------------------------------------
 
 ASCEND_WORKER = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MS_ROLE": "MS_WORKER",
