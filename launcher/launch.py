@@ -397,6 +397,8 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
         job = _cluster_job(config, kind, environ, err)
     check_log_dir(job.plan.log_dir)
     _check_path_lengths(job.plan)
+    limits.check_exec_sizes(((spec.label, spec.command, spec.env) for spec in job.plan.processes),
+                            environ)
     err.write(notes.getvalue())
     if job.before_start is not None:
         job.before_start()  # the job is good: only now may it change other hosts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from typing import Iterable, Mapping, Sequence
 
 from launcher.errors import ConfigError
 from parallel.contract import MAX_SHOWN, shown
@@ -138,3 +139,31 @@ def check_path_length(what: str, path: str) -> None:
     if longest > MAX_NAME_BYTES:
         raise ConfigError(f"{what}: a name of {longest} bytes in the path; the system takes at "
                           f"most {MAX_NAME_BYTES} per name")
+
+
+def _exec_bytes(text: str) -> int:
+    """What one argument or ``NAME=value`` costs of ``ARG_MAX``: its bytes, its NUL, its pointer."""
+    return len(text.encode("utf-8", "surrogateescape")) + 1 + 8
+
+
+_EXEC_OVERHEAD = 256
+"""What ``execve`` counts besides the plan's arguments and variables: the program's path (the
+kernel copies it too) and the parent's pid, which the process group adds at the start."""
+
+
+def check_exec_sizes(processes: Iterable[tuple[str, Sequence[str], Mapping[str, str]]],
+                     inherited: Mapping[str, str]) -> None:
+    """Refuse a job whose process (named, with its argv and its own variables over the
+    ``inherited`` environment) would pass this system's ``ARG_MAX`` at ``execve``."""
+    base = {k: _exec_bytes(f"{k}={v}") for k, v in inherited.items()}
+    total_base, limit = sum(base.values()), arg_max() - _EXEC_OVERHEAD
+    for name, argv, env in processes:
+        size = total_base + sum(_exec_bytes(a) for a in argv) + sum(
+            _exec_bytes(f"{k}={v}") - base.get(k, 0) for k, v in env.items())
+        if size > limit:
+            largest = sorted(set(inherited) | set(env), key=lambda k: -len(
+                env.get(k, inherited.get(k, ""))))[:2]
+            raise ConfigError(f"process {name}: its arguments and environment would take "
+                              f"{size + _EXEC_OVERHEAD} bytes; this system's ARG_MAX is "
+                              f"{limit + _EXEC_OVERHEAD} (largest variables: "
+                              f"{', '.join(largest)}): pass large values through files")

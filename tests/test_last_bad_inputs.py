@@ -83,6 +83,28 @@ def test_script_arguments_and_env_past_arg_max_together_are_one_line(tmp_path: P
              needles=("the script's arguments and --env values", "bytes together", "ARG_MAX"))
 
 
+def test_an_environment_that_leaves_a_rank_no_room_is_one_line(tmp_path: Path) -> None:
+    """The launcher's environment fills ARG_MAX but for 600 bytes: the launcher starts, and the
+    plan's variables would not fit into a rank's (execve's E2BIG, an internal error once the
+    log dir was made)."""
+    env = dict(os.environ)
+    argv = npu_launch_argv("--device", "cpu", "--log-dir", str(tmp_path / "logs"), "train.py")
+
+    def cost(text: str) -> int:
+        return len(text.encode()) + 1 + 8
+
+    room = limits.arg_max() - sum(cost(f"{k}={v}") for k, v in env.items()) - \
+        sum(cost(a) for a in argv) - 600
+    for index in range(room // 130_000 + 1):
+        key, size = f"NPU_TEST_FILL_{index}", min(130_000, room - 40)
+        if size <= 0:
+            break
+        env[key] = "x" * (size - len(key) - 10)
+        room -= cost(f"{key}={env[key]}")
+    _refused(tmp_path, *CPU, _script(tmp_path), env=env,
+             needles=("its arguments and environment would take", "ARG_MAX", "NPU_TEST_FILL_"))
+
+
 def test_a_path_past_name_max_is_one_line(tmp_path: Path) -> None:
     _refused(tmp_path, *CPU, "--hostfile", "h" * 300, _script(tmp_path),
              needles=("--hostfile", "a name of 300 bytes", "255"))
