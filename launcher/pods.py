@@ -37,7 +37,8 @@ from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError, LaunchError
-from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, read_at_most, shown
+from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, check_path_length,
+                             read_at_most, shown)
 from launcher.plan import LaunchPlan
 from rank_tables.bounded import whole_number
 
@@ -239,6 +240,8 @@ def _rank_table(environ: Mapping[str, str]) -> Optional[str]:
     """The table to wait for: the override's, else MindCluster's where its folder is mounted."""
     override = environ.get(RANK_TABLE_ENV)
     if override:
+        # A path the kernel refuses would be waited for until the timeout, never to appear.
+        check_path_length(f"{RANK_TABLE_ENV}={shown(override)}", override)
         return override
     return RANK_TABLE_PATH if os.path.isdir(os.path.dirname(RANK_TABLE_PATH)) else None
 

@@ -211,6 +211,13 @@ def test_two_operators_that_disagree_are_refused_naming_both(tmp_path: Path, cha
              needles=(*needles, "two operators", "--launcher local"))
 
 
+def test_a_pod_rank_table_path_the_kernel_refuses_is_not_waited_for(tmp_path: Path) -> None:
+    """It could never appear: refused at once instead of after --rank-table-timeout."""
+    env = _pod_env(tmp_path, NPU_LAUNCH_POD_RANK_TABLE=str(tmp_path / ("t" * 300)))
+    _refused(tmp_path, _script(tmp_path), env=env,
+             needles=("NPU_LAUNCH_POD_RANK_TABLE=", "a name of 300 bytes"))
+
+
 def test_two_operators_that_agree_run_as_the_ascend_operator_says(tmp_path: Path) -> None:
     result = run_launcher("--dry-run", _script(tmp_path), cwd=tmp_path, env=_pod_env(tmp_path))
     assert result.returncode == 0, result.stderr
