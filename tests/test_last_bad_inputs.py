@@ -325,6 +325,18 @@ def test_a_script_that_is_not_python_is_refused_before_anything_starts(
     _refused(tmp_path, *CPU, "--cards", "2", _script(tmp_path, text, name), needles=tuple(needles))
 
 
+@pytest.mark.parametrize("text", [
+    '#!/bin/sh\n"exec" "python3" "$0" "$@"\nimport os\nopen("ran-" + str(os.getpid()), "w")\n',
+    "#!/usr/bin/env -S python3 -u\nprint(1)\n",
+    "#!/usr/bin/pypy3\nprint(1)\n",
+])
+def test_a_shebang_python_runs_is_taken(tmp_path: Path, text: str) -> None:
+    """A shell and Python polyglot, ``env -S``, PyPy: Python runs each (a #! line is a comment
+    to it)."""
+    result = run_launcher(*CPU, "--dry-run", _script(tmp_path, text, "tool"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
 def test_a_program_is_refused_and_python_that_is_no_source_is_taken(tmp_path: Path) -> None:
     shutil.copy("/bin/true", tmp_path / "prog")
     _refused(tmp_path, *CPU, "prog", needles=("script 'prog': an executable program",))
