@@ -415,6 +415,8 @@ def _cast(ctx: click.Context, param: click.Parameter, setting: FileSetting, path
 
 
 _SCALARS = (str, int, float, datetime.date)
+_LARGEST_FLOAT = 1.7976931348623157e308
+"""A YAML integer past this (309 digits and more) cannot become a float."""
 
 
 def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: str) -> Any:
@@ -435,6 +437,8 @@ def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: st
         raise ConfigError(f"{where}: expected a whole number, got {shown(value)}")
     if isinstance(param.type, click.types.FloatParamType) and not _is_number(value):
         raise ConfigError(f"{where}: expected a number of seconds, got {shown(value)}")
+    if isinstance(param.type, click.types.FloatParamType) and abs(value) > _LARGEST_FLOAT:
+        raise ConfigError(f"{where}: {shown(value)}: too large for a number of seconds")
     if isinstance(param.type, (click.Choice, click.types.StringParamType)):
         return str(_scalar(value, where))
     return value

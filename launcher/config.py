@@ -301,6 +301,11 @@ def check_environment(config: LaunchConfig, environ: Mapping[str, str]) -> None:
                               "npu-launch sets it in the ranks when a job needs it, and this "
                               "value, left from another job (a rank's environment?), would "
                               "reach every rank; unset it")
+    if (config.bind_cores or "").strip() == "none" and contract.MSRUN_CPU_LIST in environ:
+        raise ConfigError(f"--bind-cores none: {contract.MSRUN_CPU_LIST}="
+                          f"{shown(environ[contract.MSRUN_CPU_LIST])} in npu-launch's environment "
+                          "binds MindSpore's threads to cores in every rank; unset it (or drop "
+                          "--bind-cores none)")
     if config.compile_cache:
         return
     for key in _COMPILE_CACHE_VARIABLES:

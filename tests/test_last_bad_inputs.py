@@ -105,6 +105,14 @@ def test_an_environment_that_leaves_a_rank_no_room_is_one_line(tmp_path: Path) -
              needles=("its arguments and environment would take", "ARG_MAX", "NPU_TEST_FILL_"))
 
 
+def test_an_integer_past_a_float_in_a_config_file_is_one_line(tmp_path: Path) -> None:
+    """Found by test_cli_properties: a YAML integer of 4300 digits for a number of seconds was
+    an internal OverflowError."""
+    (tmp_path / "job.yaml").write_text("kill-timeout: " + "9" * 4300 + "\n")
+    _refused(tmp_path, *CPU, "--config", "job.yaml", "--dry-run", _script(tmp_path),
+             needles=("job.yaml:1: kill_timeout:", "too large for a number of seconds"))
+
+
 def test_a_path_past_name_max_is_one_line(tmp_path: Path) -> None:
     _refused(tmp_path, *CPU, "--hostfile", "h" * 300, _script(tmp_path),
              needles=("--hostfile", "a name of 300 bytes", "255"))
@@ -153,6 +161,13 @@ def test_env_naming_other_cards_is_refused(tmp_path: Path) -> None:
 def test_env_binding_threads_with_bind_cores_none_is_refused(tmp_path: Path) -> None:
     _refused(tmp_path, *CPU, "--bind-cores", "none", "--env", "MSRUN_CPU_LIST=[0]", "--dry-run",
              _script(tmp_path), needles=("--env MSRUN_CPU_LIST", "--bind-cores none"))
+
+
+def test_an_inherited_thread_binding_with_bind_cores_none_is_refused(tmp_path: Path) -> None:
+    """Found by test_cli_properties: the ranks inherited MSRUN_CPU_LIST under --bind-cores none."""
+    _refused(tmp_path, *CPU, "--bind-cores", "none", "--dry-run", _script(tmp_path),
+             env={**os.environ, "MSRUN_CPU_LIST": "[0]"},
+             needles=("--bind-cores none: MSRUN_CPU_LIST='[0]' in npu-launch's environment",))
 
 
 @pytest.mark.parametrize("inherited, needles", [
