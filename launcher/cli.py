@@ -370,6 +370,10 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str
                 (key in _FILE_ONLY_KEYS and not options[param.name]):
             merged[param.name] = value
             origins[f"--{key.replace('_', '-')}"] = f"{path}:{setting.line}"
+        elif param.name == "env_pairs":
+            # Variables add up, as the parallel section's keys do: the file's first, so that a
+            # flag's value for the same variable wins; none of the file's is dropped unsaid.
+            merged[param.name] = (*value, *options[param.name])
     return merged, section, origins
 
 
@@ -412,6 +416,8 @@ def _cast(ctx: click.Context, param: click.Parameter, setting: FileSetting, path
 
 
 _SCALARS = (str, int, float, datetime.date)
+_LARGEST_FLOAT = 1.7976931348623157e308
+"""A YAML integer past this (309 digits and more) cannot become a float."""
 
 
 def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: str) -> Any:
@@ -432,6 +438,8 @@ def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: st
         raise ConfigError(f"{where}: expected a whole number, got {shown(value)}")
     if isinstance(param.type, click.types.FloatParamType) and not _is_number(value):
         raise ConfigError(f"{where}: expected a number of seconds, got {shown(value)}")
+    if isinstance(param.type, click.types.FloatParamType) and abs(value) > _LARGEST_FLOAT:
+        raise ConfigError(f"{where}: {shown(value)}: too large for a number of seconds")
     if isinstance(param.type, (click.Choice, click.types.StringParamType)):
         return str(_scalar(value, where))
     return value
@@ -469,6 +477,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         code = cli.main(args=list(argv) if argv is not None else None, prog_name="npu-launch",
                         standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        # A command without what it needs (``npu-launch``, ``npu-launch rank-table``): its help,
+        # as click itself shows it (on stderr, exit 2), not squeezed into one error line.
+        e.show()
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         click.echo(f"npu-launch: error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)

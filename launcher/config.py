@@ -6,8 +6,10 @@ make sense together and raises ``ConfigError`` (exit 2, one line) when they do n
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
+import warnings
 from typing import Any, Iterable, Mapping, Optional
 
 import yaml
@@ -139,9 +141,13 @@ class LaunchConfig:
         for key, value in self.env:
             check_env_name(key)
             _check_text(f"--env {key}", value)
-        for arg in self.script_args:
+            limits.check_exec_string(f"--env {key}", f"{key}={value}")
+        for index, arg in enumerate(self.script_args, 1):
             _check_text("a script argument", arg)
+            limits.check_exec_string(f"script argument {index}", arg)
+        limits.check_exec_total(self.script_args, self.env)
         check_binding(self.bind_cores, self.bind_numa, self.env)
+        self._check_env_against_options()
 
     @property
     def ssh_fanout(self) -> int:
@@ -152,11 +158,33 @@ class LaunchConfig:
         if not self.script:
             raise ConfigError("no script given: npu-launch [OPTIONS] SCRIPT [ARGS]...")
         _check_text("script", self.script)
+        limits.check_exec_string("script", self.script)
+        limits.check_path_length(f"script {shown(self.script)}", self.script)
         path = os.path.join(self.workdir, self.script)
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "__main__.py")):
             raise ConfigError(f"script {shown(self.script)}: a directory without __main__.py")
         if not os.path.exists(path):
             raise ConfigError(f"script {shown(self.script)}: no such file")
+        main = os.path.join(path, "__main__.py") if os.path.isdir(path) else path
+        check_python_source(main, shown(self.script))
+
+    def _check_env_against_options(self) -> None:
+        """``--env`` may not turn on what an option turns off, nor tell the ranks other cards
+        than npu-launch picked for them."""
+        for key, value in self.env:
+            if key in _COMPILE_CACHE_VARIABLES and not self.compile_cache and \
+                    _turns_on(key, value):
+                raise ConfigError(f"--env {key}={shown(value)}: turns MindSpore's compile cache "
+                                  "on in every rank, and --no-compile-cache asks for none; give "
+                                  "one of them")
+            if key == contract.MSRUN_CPU_LIST and (self.bind_cores or "").strip() == "none":
+                raise ConfigError(f"--env {key}: binds MindSpore's threads to cores in every "
+                                  "rank, and --bind-cores none asks for no binding; give one "
+                                  "of them")
+            if key == contract.ASCEND_RT_VISIBLE_DEVICES:
+                raise ConfigError(f"--env {key}: npu-launch picks the cards (and each rank's "
+                                  f"DEVICE_ID) from {key} in its own environment; set it there "
+                                  f"instead (export {key}=...)")
 
     def _check_numbers(self) -> None:
         _check_range("--cards", self.cards, 1, limits.MAX_RANKS_PER_NODE,
@@ -195,6 +223,7 @@ class LaunchConfig:
                 _check_text(option, value)
                 if not value:
                     raise ConfigError(f"{option}: empty path")
+                limits.check_path_length(f"{option} {shown(value)}", value)
 
     def _check_combinations(self) -> None:
         """Options that would be ignored are refused, so a job never runs other than asked."""
@@ -260,6 +289,114 @@ class LaunchConfig:
         if not self.master_addr or self.master_port is None:
             raise ConfigError("--node-rank: every node needs the same --master-addr and "
                               "--master-port")
+
+
+def check_environment(config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    """The environment the ranks inherit may not turn on what an option turns off, nor carry
+    npu-launch's own variables left from another job (it is read where the job is made, never
+    while the config is built)."""
+    for key in _LEFT_FROM_A_JOB:
+        if key in environ:
+            raise ConfigError(f"{key}={shown(environ[key])} in npu-launch's environment: "
+                              "npu-launch sets it in the ranks when a job needs it, and this "
+                              "value, left from another job (a rank's environment?), would "
+                              "reach every rank; unset it")
+    if (config.bind_cores or "").strip() == "none" and contract.MSRUN_CPU_LIST in environ:
+        raise ConfigError(f"--bind-cores none: {contract.MSRUN_CPU_LIST}="
+                          f"{shown(environ[contract.MSRUN_CPU_LIST])} in npu-launch's environment "
+                          "binds MindSpore's threads to cores in every rank; unset it (or drop "
+                          "--bind-cores none)")
+    if config.compile_cache:
+        return
+    for key in _COMPILE_CACHE_VARIABLES:
+        value = environ.get(key)
+        if value is not None and _turns_on(key, value) and key not in dict(config.env):
+            raise ConfigError(f"--no-compile-cache: {key}={shown(value)} in npu-launch's "
+                              "environment turns MindSpore's compile cache on in every rank; "
+                              f"unset it (or drop --no-compile-cache)")
+
+
+_LEFT_FROM_A_JOB = (contract.RESUME_STEP, contract.PROGRESS, contract.PLANNED_WORLD,
+                    contract.CPUS, contract.NUMA_NODES, contract.WAIT_FOR_SCHEDULER)
+"""Variables a rank reads that the plan sets only when the job needs them: one inherited from
+the launcher's environment would hold where the plan leaves it out (``--hang-timeout 0`` with
+``NPU_LAUNCH_PROGRESS=1``; a fresh job resuming from ``NPU_LAUNCH_RESUME_STEP``)."""
+_COMPILE_CACHE_VARIABLES = (contract.MS_COMPILER_CACHE_ENABLE, contract.MS_COMPILER_CACHE_PATH)
+
+
+def _turns_on(key: str, value: str) -> bool:
+    """MindSpore reads ``MS_COMPILER_CACHE_ENABLE=1`` as on (anything else off), and any
+    non-empty ``MS_COMPILER_CACHE_PATH`` as where the cache goes."""
+    if key == contract.MS_COMPILER_CACHE_ENABLE:
+        return value.strip() == "1"
+    return bool(value.strip())
+
+
+_SOURCE_HEAD = 256
+_PYTHON_MAGIC = (b"PK\x03\x04", importlib.util.MAGIC_NUMBER[:2])
+"""A zip application and compiled bytecode: files Python runs that are no source."""
+
+
+def check_python_source(path: str, name: str) -> None:
+    """Refuse a script Python cannot run before anything starts (a shell script, a program, a
+    syntax error), naming it and, for source, ``file:line``; every rank would fail the same. A
+    ``#!`` line naming another interpreter is only a comment to Python: such a file that
+    compiles (a shell and Python polyglot) is taken."""
+    try:
+        size = os.path.getsize(path)
+        whole = 0 < size <= limits.MAX_COMPILED_BYTES
+        head = limits.read_at_most(path, size if whole else _SOURCE_HEAD)
+    except OSError as e:
+        raise ConfigError(f"script {name}: {e.strerror}") from None
+    if head.startswith(_PYTHON_MAGIC):
+        return
+    if head.startswith(b"\x7fELF"):
+        raise ConfigError(f"script {name}: an executable program, not Python: npu-launch runs "
+                          "SCRIPT with Python in every rank")
+    # Past the compile bound only the first line is read: a foreign #! line is believed.
+    problem = _compile_problem(head, path) if whole else (
+        (0, "") if _foreign_interpreter(head) else None)
+    if problem is None:
+        return
+    interpreter = _foreign_interpreter(head)
+    if interpreter:
+        raise ConfigError(f"script {name}: a {interpreter} script ({shown(_first_line(head))}), "
+                          "not Python: npu-launch runs SCRIPT with Python in every rank")
+    line, why = problem
+    raise ConfigError(f"script {name}{f':{line}' if line else ''}: not Python ({why})")
+
+
+def _foreign_interpreter(head: bytes) -> str:
+    """The program a ``#!`` line names when it is not Python, else "" (``env`` and its
+    options are looked through: ``#!/usr/bin/env -S python3 -u``)."""
+    if not head.startswith(b"#!"):
+        return ""
+    words = _first_line(head)[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    if not words:
+        return ""
+    program = os.path.basename(words[0])
+    return "" if program.startswith(("python", "pypy")) else program
+
+
+def _first_line(head: bytes) -> str:
+    return head.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+def _compile_problem(source: bytes, path: str) -> Optional[tuple[int, str]]:
+    """Why ``source`` does not compile (its line, 0 if none, and the reason), or None."""
+    with warnings.catch_warnings():  # an invalid escape sequence is the script's own business
+        warnings.simplefilter("ignore")
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            return e.lineno or 1, shown(e.msg)
+        except ValueError as e:  # NUL bytes, on Python before 3.12
+            return 0, shown(str(e))
+        except (RecursionError, MemoryError):
+            return 0, "nested too deep to compile"
+    return None
 
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -203,9 +203,47 @@ def describe_failure(failure: Failure, job_id: str) -> str:
 
 
 def last_lines_block(path: str, count: int) -> list[str]:
-    """``  last lines of PATH:`` and the file's last ``count`` lines, for a root-cause block."""
-    return [f"  last lines of {path}:",
-            *([f"    | {line}" for line in tail(path, count)] or ["    | (empty)"])]
+    """``  last lines of PATH:`` and the file's last ``count`` lines, for a root-cause block;
+    before them, the log's own error lines (MindSpore's ``[ERROR]``) that the tail leaves out:
+    a scheduler's say why it failed, while its last lines are only the traceback of the
+    RuntimeError that followed."""
+    last = tail(path, count)
+    errors = [line for line in error_lines(path) if line not in last]
+    block = [f"  errors in {path}:", *(f"    | {_cut(line)}" for line in errors)] if errors else []
+    return [*block, f"  last lines of {path}:",
+            *([f"    | {line}" for line in last] or ["    | (empty)"])]
+
+
+ERROR_LINES = 8
+"""The first error lines of a log shown in a root-cause block: the first says why, the rest
+follow from it."""
+_ERROR_SCAN_BYTES = 4 << 20
+_ERROR_LINE_CHARS = 400
+_ERROR_MARKS = (b"[ERROR]", b"[CRITICAL]")
+
+
+def error_lines(path: str, limit: int = ERROR_LINES) -> list[str]:
+    """The first ``limit`` lines of MindSpore's ``[ERROR]`` or ``[CRITICAL]`` level in the last
+    ``_ERROR_SCAN_BYTES`` of a log (a rank's log can be large: this reads a bounded piece)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _ERROR_SCAN_BYTES))
+            data = f.read(_ERROR_SCAN_BYTES)
+    except OSError:
+        return []
+    found = []
+    for raw in data.split(b"\n"):
+        if raw.lstrip().startswith(_ERROR_MARKS):
+            found.append(raw.rstrip(b"\r").decode(errors="replace"))
+            if len(found) == limit:
+                break
+    return found
+
+
+def _cut(line: str) -> str:
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return text if len(text) <= _ERROR_LINE_CHARS else f"{text[:_ERROR_LINE_CHARS]}..."
 
 
 def describe_stuck(specs: Sequence[ProcessSpec], in_init: Collection[int], job_id: str,

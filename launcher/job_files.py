@@ -57,9 +57,14 @@ class ReportOptions:
             what = "not a directory" if os.path.exists(log_dir) else "no such log directory"
             raise LaunchError(f"{display_name(log_dir)}: {what}")
         plot = None if no_plot else (output or os.path.join(log_dir, "report.png"))
-        if plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
-            raise LaunchError(f"{display_name(plot)}: its folder does not exist")
+        if plot is not None:
+            _check_plot_path(plot)
         return cls(log_dir, plot)
+
+    @property
+    def plot_format(self) -> str:
+        """The image format the plot is written in: its name's extension, or PNG without one."""
+        return plot_format(self.plot_path or "")
 
     @property
     def summary_path(self) -> str:
@@ -68,6 +73,30 @@ class ReportOptions:
     @property
     def metrics_path(self) -> str:
         return os.path.join(self.log_dir, METRICS_FILE)
+
+
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+"""The images ``report -o`` writes, by the name's extension (none: PNG, named as given)."""
+
+
+def plot_format(path: str) -> str:
+    """The format of a plot named ``path``: its extension in lower case, ``png`` if none."""
+    extension = os.path.splitext(os.path.basename(path))[1]
+    return extension[1:].lower() if extension else "png"
+
+
+def _check_plot_path(plot: str) -> None:
+    if not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
+        raise LaunchError(f"{display_name(plot)}: its folder does not exist")
+    if len(os.fsencode(os.path.basename(plot))) > _NAME_MAX:
+        raise LaunchError(f"{display_name(plot)}: a file name longer than {_NAME_MAX} bytes")
+    if plot_format(plot) not in PLOT_FORMATS:
+        raise LaunchError(f"--output {display_name(plot)}: cannot write a .{plot_format(plot)} "
+                          f"image; name it .{', .'.join(PLOT_FORMATS)} (or give no extension: PNG)")
+
+
+_NAME_MAX = 255
+"""Bytes in one file name (Linux's NAME_MAX): longer is ENAMETOOLONG when the plot is saved."""
 
 
 # What could not be read ------------------------------------------------------------------------
@@ -94,6 +123,10 @@ class Notes:
             if self._more.get(file):
                 out.append(f"skipped {self._more[file]} more in {file}")
         return out
+
+    def count(self, file: str) -> int:
+        """How many problems were noted in ``file``."""
+        return len(self._named.get(file, ())) + self._more.get(file, 0)
 
     def first(self, file: str) -> Optional[str]:
         """The first problem noted in ``file``, without its ``skipped`` prefix."""
@@ -165,6 +198,26 @@ def _text(value: Any) -> str:
     if type(value) is not str:
         raise _Unreadable("not text")
     return _clean(value)
+
+
+_MESSAGE_LINES = 30
+
+
+def _message(value: Any) -> str:
+    """The job's closing block (several lines): each line cleaned, at most ``_MESSAGE_LINES``
+    of them and 2000 characters in all."""
+    lines = _text_of(value).splitlines()
+    kept = [_clean(line, 2000) for line in lines[:_MESSAGE_LINES]]
+    if len(lines) > _MESSAGE_LINES:
+        kept.append(f"...({len(lines) - _MESSAGE_LINES} more lines)")
+    text = "\n".join(kept)
+    return text if len(text) <= 2000 else f"{text[:2000]}...({len(text)} chars)"
+
+
+def _text_of(value: Any) -> str:
+    if type(value) is not str:
+        raise _Unreadable("not text")
+    return value
 
 
 def _clean(value: str, limit: int = _TEXT_CHARS) -> str:
@@ -321,7 +374,7 @@ class JobSummary:
         ranks = tuple(RankRow.parse(fields.nested(r, where)) for where, r in fields.objects("ranks"))
         summary = cls(job_id=fields.get("job_id", _text, "?"), outcome=fields.get("outcome", _text, "?"),
                       exit_code=fields.get("exit_code", _whole),
-                      message=fields.get("message", lambda v: _clean(_text(v), 2000), ""),
+                      message=fields.get("message", _message, ""),
                       started_at=fields.get("started_at", _moment), ended_at=fields.get("ended_at", _moment),
                       duration_s=fields.get("duration_s", _real), world_size=fields.get("world_size", _whole),
                       global_samples_per_s=fields.get("global_samples_per_s", _real),
@@ -485,8 +538,19 @@ def _read_summary(path: str, notes: Notes) -> tuple[Optional[JobSummary], str]:
         return None, f"unreadable {SUMMARY_FILE}: not a JSON object, got {_shown_value(doc)}"
     summary, read = JobSummary.parse(doc, SUMMARY_FILE, notes)
     if not read:
-        return None, f"unreadable {SUMMARY_FILE}: no field of a job summary in it"
+        return None, f"unreadable {SUMMARY_FILE}: " + _why_no_field(notes)
     return summary, ""
+
+
+def _why_no_field(notes: Notes) -> str:
+    """Why no field of a summary could be read: none is there, or each one there was skipped
+    (the first named, the others counted)."""
+    first = notes.first(SUMMARY_FILE)
+    if first is None:
+        return "no field of a job summary in it"
+    more = notes.count(SUMMARY_FILE) - 1
+    return (f"no field could be read: {first[len(SUMMARY_FILE) + 1:]}"
+            + (f" (and {more} more skipped)" if more else ""))
 
 
 def _read_metrics(path: str, notes: Notes) -> tuple[tuple[dict[str, Any], ...], str]:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import ipaddress
 import os
 import secrets
 import signal
@@ -19,7 +20,7 @@ import socket
 import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher import pods, ports
+from launcher import limits, pods, ports
 from parallel import contract
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
@@ -31,7 +32,7 @@ from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.cluster import run_agents
 from launcher.console_lines import RankLines
 from launcher.collect import launcher_node, mark_storage
-from launcher.config import LaunchConfig
+from launcher.config import LaunchConfig, check_environment
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
@@ -387,6 +388,7 @@ def _write_plan(plan: LaunchPlan) -> None:
 
 def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
     """Everything that must be true before a process starts is checked here."""
+    check_environment(config, environ)
     pod = pods.detect(config, environ)  # an operator's pod: this node's share, as it says
     if pod is not None:
         config = pods.node_config(config, pod)
@@ -402,10 +404,30 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
     else:
         job = _cluster_job(config, kind, environ, err)
     check_log_dir(job.plan.log_dir)
+    _check_path_lengths(job.plan)
+    limits.check_exec_sizes(((spec.label, spec.command, spec.env) for spec in job.plan.processes),
+                            environ)
     err.write(notes.getvalue())
     if job.before_start is not None:
         job.before_start()  # the job is good: only now may it change other hosts
     return job
+
+
+_CACHE_DEPTH = 64
+"""Bytes MindSpore adds under a rank's compile cache (``rank_N/graph_cache/<graph>``)."""
+
+
+def _check_path_lengths(plan: LaunchPlan) -> None:
+    """Every file the job writes has a path the kernel takes (PATH_MAX): a log directory deep
+    enough to pass it would fail once folders were made."""
+    paths = [p + ("x" * _CACHE_DEPTH if p.endswith(os.sep) else "")
+             for spec in plan.processes for p in spec.files]
+    longest = max(paths, key=lambda p: len(os.fsencode(p)), default=plan.log_dir)
+    size = len(os.fsencode(longest))
+    if size > limits.MAX_PATH_BYTES:
+        raise ConfigError(f"log directory {limits.shown(plan.log_dir)}: the job's files in it "
+                          f"reach paths of {size} bytes; the system takes at most "
+                          f"{limits.MAX_PATH_BYTES}: give a shorter --log-dir")
 
 
 def _check_for_kind(config: LaunchConfig, kind: LauncherKind) -> None:
@@ -439,9 +461,10 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     node_rank = config.node_rank or 0
     host = socket.gethostname()
     nodes = tuple(Node(host if i == node_rank else f"node{i}", i, cards) for i in range(nnodes))
-    master_addr = config.master_addr or "127.0.0.1"
+    master_addr, name = master_address(config.master_addr)
     port = _master_port(config, master_addr, check=node_rank == 0)
-    return Job(_plan(config, environ, nodes, device, master_addr, port, {}), None, node_rank)
+    plan = _plan(config, environ, nodes, device, master_addr, port, {})
+    return Job(dataclasses.replace(plan, master_name=name), None, node_rank)
 
 
 def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, notes: TextIO,
@@ -462,6 +485,7 @@ def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, no
                   for i in range(pod.nnodes))
     port = _master_port(config, pod.master_addr, check=pod.hosts_scheduler)
     plan = pods.share(_plan(config, environ, nodes, device, pod.master_addr, port, {}), pod)
+    plan = dataclasses.replace(plan, master_name=pod.master_name)
     return Job(plan, None, here, before_start=pods.table_wait(pod, config, err), pod=pod)
 
 
@@ -473,8 +497,9 @@ def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
                        "this host")
     nodes = (Node(socket.gethostname(), 0, share.cards),)
     layout = TableLayout({0: share.assignments}, table.rank_count, config.rank_table or "")
-    plan = _plan(config, environ, nodes, device, config.master_addr or "127.0.0.1", 0, {},
-                 layout)
+    master_addr, name = master_address(config.master_addr)
+    plan = dataclasses.replace(_plan(config, environ, nodes, device, master_addr, 0, {}, layout),
+                               master_name=name)
     generated = table if config.rank_table == AUTO else None
     return Job(plan, None, 0, generated)
 
@@ -489,6 +514,7 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
                                config.ssh_fanout)
     hosts = _selected_hosts(config, kind, environ, options)
     _check_min_nodes(config, len(hosts))
+    given = master_address(config.master_addr) if config.master_addr else None
     port = config.master_port or ports.free_port("")
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
     sync = None
@@ -500,11 +526,12 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
         """The job on ``kept`` hosts; like ``like`` (a smaller job of the same plan)."""
         nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
                       for i, h in enumerate(kept))
-        master_addr = config.master_addr if config.master_addr and like is None \
-            else _address_of(kept[0].host)
+        master_addr, name = given if given and like is None \
+            else (_address_of(kept[0].host), kept[0].host)
         told = {**extra, contract.PLANNED_WORLD: str(like.planned_world)} if like else extra
         plan = _plan(config, environ, nodes, device, master_addr, port, told, agents=True,
                      launcher_node=launcher_node([h.host for h in kept]), same_as=like)
+        plan = dataclasses.replace(plan, master_name=name if name != master_addr else "")
         backend = _hostfile_backend(config, kind, environ, options, kept)
 
         def without(host: str) -> Job:
@@ -609,6 +636,26 @@ def _address_of(host: str) -> str:
     except OSError:
         raise ConfigError(f"cannot resolve {host} (the first host, where the scheduler runs); "
                           "give --master-addr") from None
+
+
+def master_address(given: Optional[str]) -> tuple[str, str]:
+    """The scheduler's address as MindSpore takes it (an IP: it cannot parse a host name), and
+    the name it was given as ("" for an address). A name is resolved here, once, on node 0 (or
+    on each node of a job started by hand), to its IPv4 address, as msrun resolves
+    ``--master_addr``; every rank then gets that address."""
+    if not given:
+        return "127.0.0.1", ""
+    try:
+        ipaddress.ip_address(given.strip("[]"))
+        return given, ""
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(given), given
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"--master-addr {given}: cannot resolve the name "
+                          f"({getattr(e, 'strerror', None) or e}); give the scheduler host's "
+                          "IP address") from None
 
 
 @dataclasses.dataclass(frozen=True)

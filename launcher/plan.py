@@ -149,6 +149,8 @@ class LaunchPlan:
     resume: Optional[ResumePoint] = None
     """The complete step a restart resumes from (node 0's ledger); ranks see its step as
     ``contract.RESUME_STEP``, and every node puts the manifest beside its ranks' files."""
+    master_name: str = ""
+    """The host name ``master_addr`` was resolved from (``--master-addr node1``), or ""."""
     collect_ranks: tuple[int, ...] = ()
     """Ranks whose checkpoint files their agents send to node 0 as they are written
     (``launcher.collect``): a sliced layout's every rank not on the launcher's host; in data
@@ -207,7 +209,8 @@ class LaunchPlan:
         head = (f"job {self.job_id}: {self.world_size} rank(s) on {self.nnodes} node(s), "
                 f"{self.mode.value} mode{', in the foreground' if self.foreground else ''}, "
                 f"device {self.device.value}, "
-                f"master {self.master_addr}:{self.master_port}\nlog dir: {self.log_dir}\n"
+                f"master {self.master_addr}:{self.master_port}"
+                f"{f' ({self.master_name})' if self.master_name else ''}\nlog dir: {self.log_dir}\n"
                 f"working dir: {self.workdir}")
         return "\n".join([head, *map(_render_process, self.processes)])
 

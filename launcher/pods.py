@@ -37,7 +37,8 @@ from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError, LaunchError
-from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, read_at_most, shown
+from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, check_path_length,
+                             read_at_most, shown)
 from launcher.plan import LaunchPlan
 from rank_tables.bounded import whole_number
 
@@ -126,7 +127,10 @@ def read_pod(environ: Mapping[str, str]) -> Optional[Pod]:
     if not environ.get(KUBERNETES):
         return None
     if any(key in environ for key in _ASCEND_KEYS):
-        return _ascend_pod(environ)
+        pod = _ascend_pod(environ)
+        if all(key in environ for key in _KUBEFLOW_KEYS):
+            _check_agreement(pod, _kubeflow_pod(environ))
+        return pod
     if all(key in environ for key in _KUBEFLOW_KEYS):
         return _kubeflow_pod(environ)
     return None
@@ -201,10 +205,43 @@ def _kubeflow_shape(environ: Mapping[str, str], world: int) -> tuple[int, Option
     return world, None, f"WORLD_SIZE={world} pods"
 
 
+def _check_agreement(ascend: Pod, kubeflow: Pod) -> None:
+    """A pod with both operators' variables runs only if they describe the same job: else
+    npu-launch cannot tell which placed it, and one set would be ignored without a word."""
+    said = [(f"MS_SCHED_HOST={ascend.master_addr}", f"MASTER_ADDR={kubeflow.master_addr}",
+             _same_host(ascend.master_addr, kubeflow.master_addr)),
+            (f"MS_SCHED_PORT={ascend.master_port}", f"MASTER_PORT={kubeflow.master_port}",
+             ascend.master_port == kubeflow.master_port),
+            (f"{ascend.nnodes} node(s) by MS_WORKER_NUM / MS_LOCAL_WORKER",
+             f"{kubeflow.nnodes} by {kubeflow.cards_from}", ascend.nnodes == kubeflow.nnodes)]
+    if ascend.node_rank is not None:
+        said.append((f"MS_NODE_RANK={ascend.node_rank}", f"RANK={kubeflow.node_rank}",
+                     ascend.node_rank == kubeflow.node_rank))
+    for one, other, agree in said:
+        if not agree:
+            raise ConfigError(f"{one} and {other} disagree: this pod has the variables of two "
+                              "operators (the ascend-operator's MS_*, and a Kubeflow-style "
+                              "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK); remove one set, or "
+                              "give --launcher local and the options by hand")
+
+
+def _same_host(one: str, other: str) -> bool:
+    """Whether two addresses name one host: equal, or resolving to one address (a name that
+    does not resolve yet, as a service before its pod runs, is given the benefit of the doubt)."""
+    if one == other:
+        return True
+    try:
+        return socket.gethostbyname(one) == socket.gethostbyname(other)
+    except (OSError, UnicodeError):
+        return True
+
+
 def _rank_table(environ: Mapping[str, str]) -> Optional[str]:
     """The table to wait for: the override's, else MindCluster's where its folder is mounted."""
     override = environ.get(RANK_TABLE_ENV)
     if override:
+        # A path the kernel refuses would be waited for until the timeout, never to appear.
+        check_path_length(f"{RANK_TABLE_ENV}={shown(override)}", override)
         return override
     return RANK_TABLE_PATH if os.path.isdir(os.path.dirname(RANK_TABLE_PATH)) else None
 

@@ -34,7 +34,8 @@ _MAX_LEGEND_RANKS = 16
 @click.command("report")
 @click.argument("log_dir", type=click.Path())
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
-              help="PNG to write [default: LOG_DIR/report.png].")
+              help="Image to write: .png, .pdf, .svg, .jpg; PNG without an extension "
+              "[default: LOG_DIR/report.png].")
 @click.option("--no-plot", is_flag=True, help="Print the table only.")
 def report(log_dir: str, output: Optional[str], no_plot: bool) -> None:
     """Print a job's summary and plot loss, throughput and held-out results per rank."""
@@ -53,7 +54,8 @@ def run_report(options: ReportOptions, out: TextIO) -> None:
         out.write(f"no step events in {display_name(options.metrics_path)}: no plot\n")
         return
     try:
-        plot_series(series, eval_series(list(job.records)), options.plot_path, _plot_title(job.summary))
+        plot_series(series, eval_series(list(job.records)), options.plot_path, _plot_title(job.summary),
+                    options.plot_format)
     except OSError as e:
         raise LaunchError(f"{display_name(options.plot_path)}: cannot write the plot: {e.strerror or e}") from None
     out.write(f"plot: {options.plot_path}\n")
@@ -158,7 +160,8 @@ def _rank_row(rank: RankRow) -> str:
             f"{_shown(rank.eval_accuracy, '{:.4f}'):>8} {_shown(rank.eval_loss, '{:.4g}'):>9}  {last}")
 
 
-def plot_series(series: list[Series], evals: list[EvalSeries], path: str, title: str) -> None:
+def plot_series(series: list[Series], evals: list[EvalSeries], path: str, title: str,
+                image_format: str = "png") -> None:
     """Training loss, samples/s and held-out accuracy (solid) and loss (dashed) per rank against
     the step, top to bottom, as a PNG; a rank keeps its colour in every panel."""
     import matplotlib  # lazily: the launcher's start-up must not pay for it
@@ -174,7 +177,7 @@ def plot_series(series: list[Series], evals: list[EvalSeries], path: str, title:
             rate_ax.plot(s.steps, _nan_for_none(s.rates), **style)
         _plot_evals(eval_ax, evals)
         _label_axes(fig, (loss_ax, rate_ax, eval_ax), title, len(series))
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format=image_format)
     finally:
         plt.close(fig)
 

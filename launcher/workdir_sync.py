@@ -26,7 +26,7 @@ from launcher.backends.ssh import ssh_argv
 from launcher.errors import LaunchError
 from launcher.fanout import workers
 from launcher.hostfile import HostSelection, path_shown
-from launcher.limits import MAX_SYNC_BYTES, MAX_SYNC_ENTRIES, shown
+from launcher.limits import MAX_PATH_BYTES, MAX_SYNC_BYTES, MAX_SYNC_ENTRIES, shown
 from launcher.preflight import HostCheck
 
 _MIB = 1024 * 1024
@@ -113,10 +113,25 @@ class LaunchDir:
                 relative = os.path.join(folder, name)
                 if os.path.join(self.path, relative) in self.excluded:
                     continue
-                info = os.lstat(os.path.join(self.path, relative))
+                info = self._lstat(relative)
                 yield relative, info
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(relative)
+
+    def _lstat(self, relative: str) -> os.stat_result:
+        """An entry's own status; a path longer than the kernel takes (PATH_MAX: it can be
+        made step by step, but neither opened by a rank nor unpacked by ``tar``) is refused."""
+        path = os.path.join(self.path, relative)
+        size = len(os.fsencode(path))
+        if size > MAX_PATH_BYTES:
+            raise LaunchError(f"--sync-workdir: {path_shown(relative)} in "
+                              f"{path_shown(self.path)}: a path of {size} bytes; the system "
+                              f"takes at most {MAX_PATH_BYTES}: shorten or move it")
+        try:
+            return os.lstat(path)
+        except OSError as e:
+            raise LaunchError(f"--sync-workdir: cannot read {path_shown(relative)} in "
+                              f"{path_shown(self.path)}: {e.strerror or e}") from None
 
     def _names_in(self, folder: str) -> list[str]:
         try:

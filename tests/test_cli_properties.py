@@ -6,8 +6,13 @@ exit 0 or 2, no traceback, and on exit 2 one ``npu-launch: error:`` line, no pro
 (the command's own, misspelt ones, values of every kind), hostfiles, YAML job configs, rank
 tables and report directories, each written fresh for the example.
 
+Issue 26 added values at the kernel's bounds (NAME_MAX, PATH_MAX, MAX_ARG_STRLEN, ARG_MAX,
+Python's 4300-digit integers) and an option contradicted by the environment the ranks get
+(``--env``, a config file's ``env:`` or the launcher's own environment): refused, or a plan
+in which the option holds.
+
 ``NPU_LAUNCH_PROPERTY_EXAMPLES`` sets the number of examples per test (default 60: CI runs 300
-in all, in about two minutes here).
+in all in the first five tests, in about two minutes here; issue 26's two took 93 s together).
 """
 from __future__ import annotations
 
@@ -59,17 +64,18 @@ class Outcome:
     stderr: str
     workdir: Path
     ran: bool
+    stdout: str = ""
 
 
-def run_in(workdir: Path, args: list[str]) -> Outcome:
+def run_in(workdir: Path, args: list[str], env: Optional[dict[str, str]] = None) -> Outcome:
     """npu-launch in ``workdir``, under the memory bound; whether the marker script ran."""
     def bound() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BOUND, MEMORY_BOUND))
 
     proc = subprocess.run(npu_launch_argv(*args), cwd=workdir, capture_output=True, text=True,
-                          errors="replace", timeout=HANG_GUARD, preexec_fn=bound)
+                          errors="replace", timeout=HANG_GUARD, preexec_fn=bound, env=env)
     return Outcome(proc.returncode, proc.stderr, workdir,
-                   any(workdir.glob("**/ran-*")))
+                   any(workdir.glob("**/ran-*")), proc.stdout)
 
 
 def assert_contract(outcome: Outcome, one_line: bool = True) -> None:
@@ -265,3 +271,144 @@ def test_report_directories(mutations: int, junk_lines: list[str],
         lines = [json.dumps(m) for m in metrics] + junk_lines
         (job / "metrics.jsonl").write_text("\n".join(lines), errors="surrogateescape")
         assert_contract(run_in(workdir, ["report", "job"]))
+
+
+# Values at the kernel's bounds (issue 26) -------------------------------------------------------
+
+NAME_MAX, PATH_MAX, ARG_STRLEN = 255, 4096, 32 * 4096
+"""Linux's bounds on one file name, one path (with its NUL) and one argument or variable."""
+RAW_YAML_KEY = "raw YAML"
+DIGITS = 4300
+"""Python's ``sys.get_int_max_str_digits()`` default: int() of a longer string raises."""
+
+
+def _kernel_sized(draw: st.DrawFn, limit: int) -> str:
+    """A value of ``limit`` bytes give or take one, in one- or two-byte characters."""
+    size = limit + draw(st.sampled_from([-2, -1, 0, 1]))
+    char = draw(st.sampled_from(["x", "é"]))
+    return char * (size // len(char.encode()))
+
+
+def _fit(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes: what one argument of the test's own exec of
+    npu-launch may hold."""
+    return text.encode()[:limit].decode(errors="ignore")
+
+
+def _long_path(draw: st.DrawFn) -> str:
+    """A relative path near PATH_MAX made of names near NAME_MAX, or one name near it."""
+    if draw(st.booleans()):
+        return _kernel_sized(draw, NAME_MAX)
+    name = "p" * draw(st.sampled_from([NAME_MAX - 1, NAME_MAX]))
+    count = PATH_MAX // (len(name) + 1) + draw(st.sampled_from([-1, 0, 1]))
+    return "/".join([name] * count)
+
+
+@st.composite
+def kernel_sized_words(draw: st.DrawFn) -> tuple[list[str], dict[str, Any]]:
+    """Command-line words and config-file settings, one of them at a kernel bound."""
+    kind = draw(st.sampled_from(["path", "job-id", "env", "env-file", "arg", "arg-file",
+                                 "digits", "digits-file"]))
+    if kind == "path":
+        option = draw(st.sampled_from(["--log-dir", "--hostfile", "--rank-table", "--config"]))
+        return [option, _long_path(draw)], {}
+    if kind == "job-id":
+        return ["--job-id", _kernel_sized(draw, NAME_MAX)], {}
+    value = _kernel_sized(draw, ARG_STRLEN - len("NPU_TEST_VALUE="))
+    if kind == "env":  # through the launcher's own argv, so at most what one argument takes
+        return ["--env", _fit(f"NPU_TEST_VALUE={value}", ARG_STRLEN - 1)], {}
+    if kind == "env-file":
+        return [], {"env": {f"NPU_TEST_{i}": value for i in range(draw(st.integers(1, 7)))}}
+    if kind == "arg":
+        return ["--", "train.py", _fit(value, ARG_STRLEN - 1)], {}
+    if kind == "arg-file":
+        return [], {"script_args": [value] * draw(st.integers(1, 7))}
+    digits = "9" * (DIGITS + draw(st.sampled_from([0, 1])))
+    option = draw(st.sampled_from(["--cards", "--seed", "--master-port", "--kill-timeout",
+                                   "--max-restarts", "--console"]))
+    if kind == "digits":
+        return [option, digits], {}
+    return [], {RAW_YAML_KEY: f"{option.lstrip('-')}: {digits}\n"}  # int() of it would raise
+
+
+@given(drawn=kernel_sized_words(), real_run=st.booleans())
+@PROPERTY
+def test_kernel_sized_values(drawn: tuple[list[str], dict[str, Any]], real_run: bool) -> None:
+    """A value at a kernel bound is refused where it enters (one line, nothing started, no
+    log directory), or the job runs: never an internal error once the log dir is made."""
+    words, file_settings = drawn
+    with fresh_dir() as workdir:
+        script = _script(workdir)
+        args = ["--device", "cpu", "--log-dir", str(workdir / "given_logs"), *([] if real_run
+                                                                              else ["--dry-run"])]
+        if file_settings:
+            text = file_settings.get(RAW_YAML_KEY) or yaml.safe_dump(file_settings, width=1 << 30)
+            (workdir / "job.yaml").write_text(text)
+            args += ["--config", "job.yaml"]
+        tail = words if words[:1] == ["--"] else [*words, script]
+        outcome = run_in(workdir, [*args, *(w for w in tail if w != "--")])
+        assert_contract(outcome)
+
+
+# An option contradicted by the environment the ranks get (issue 26) -----------------------------
+
+CONTRADICTIONS = [
+    (["--no-compile-cache"], "MS_COMPILER_CACHE_ENABLE", ["1", "0", " 1", "", "true"]),
+    (["--no-compile-cache"], "MS_COMPILER_CACHE_PATH", ["/tmp/cache", "", " "]),
+    (["--compile-cache"], "MS_COMPILER_CACHE_ENABLE", ["0", "1"]),
+    (["--bind-cores", "none"], "MSRUN_CPU_LIST", ["[0]", ""]),
+    (["--bind-cores", "0"], "MSRUN_CPU_LIST", ["[0]"]),
+    (["--hang-timeout", "0"], "NPU_LAUNCH_PROGRESS", ["1"]),
+    (["--master-addr", "localhost"], "MS_SCHED_HOST", ["10.0.0.9", "localhost"]),
+    (["--master-addr", "127.0.0.1"], "MASTER_ADDR", ["10.0.0.9"]),
+    (["--cards", "2"], "RANK_SIZE", ["8"]),
+    (["--device", "cpu"], "ASCEND_RT_VISIBLE_DEVICES", ["4,5"]),
+]
+"""An option, a variable that would contradict it in the ranks, and values to set it to."""
+
+
+def _holds(option: list[str], key: str, env: dict[str, str]) -> bool:
+    """Whether a rank with environment ``env`` runs as ``option`` asks."""
+    value = env.get(key)
+    if option == ["--no-compile-cache"]:
+        return (env.get("MS_COMPILER_CACHE_ENABLE", "").strip() != "1"
+                and not env.get("MS_COMPILER_CACHE_PATH", "").strip())
+    if option == ["--bind-cores", "none"]:
+        return value is None or value == ""
+    if option == ["--hang-timeout", "0"]:
+        return value is None
+    if option[0] == "--master-addr":
+        return env["MS_SCHED_HOST"] == env["MASTER_ADDR"] == "127.0.0.1"
+    if option[0] == "--cards":
+        return env["RANK_SIZE"] == "2"
+    return True
+
+
+@given(case=st.sampled_from(CONTRADICTIONS), data=st.data(),
+       where=st.sampled_from(["--env", "config", "inherited"]))
+@PROPERTY
+def test_options_contradicted_by_the_environment(case: tuple[list[str], str, list[str]],
+                                                 data: st.DataObject, where: str) -> None:
+    """Refused in one line, or the plan's ranks (their environment over the launcher's) run as
+    the option asks."""
+    option, key, values = case
+    value = data.draw(st.sampled_from(values))
+    env = {k: v for k, v in os.environ.items() if k not in dict.fromkeys(
+        ["MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH", "MSRUN_CPU_LIST",
+         "ASCEND_RT_VISIBLE_DEVICES"])}
+    with fresh_dir() as workdir:
+        args = ["--device", "cpu", "--log-dir", str(workdir / "given_logs"), *option]
+        if where == "--env":
+            args += ["--env", f"{key}={value}"]
+        elif where == "config":
+            (workdir / "job.yaml").write_text(yaml.safe_dump({"env": {key: value}}))
+            args += ["--config", "job.yaml"]
+        else:
+            env[key] = value
+        outcome = run_in(workdir, [*args, "--dry-run", "--json", _script(workdir)], env)
+        assert_contract(outcome)
+        if outcome.code == 0:
+            plan = json.loads(outcome.stdout)
+            for rank in plan["ranks"]:
+                seen = {**(env if where == "inherited" else {}), **rank["env"]}
+                assert _holds(option, key, seen), (option, key, value, where)

@@ -116,7 +116,7 @@ REPORTED: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
         "unreadable summary.json: no field of a job summary in it: derived from metrics.jsonl (outcome unknown)",
         "job job-7: unknown")),
     "escape sequences": (summary_changed(lambda s: s.update(job_id="\x1b[2J\x1b[31mred", message="a\nb\x07")),
-                         ("job \\x1b[2J\\x1b[31mred: failed", "a\\nb\\x07")),
+                         ("job \\x1b[2J\\x1b[31mred: failed", "a\nb\\x07")),
     "a 5 MB job id": (summary_changed(lambda s: s.update(job_id="j" * 5_000_000)), ("...(5000000 chars): failed",)),
     "summary.json is a list": (summary_is("[1, 2]"), (
         "unreadable summary.json: not a JSON object, got a list: derived from metrics.jsonl", "job job-7: unknown")),
