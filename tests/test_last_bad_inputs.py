@@ -376,9 +376,9 @@ def test_a_master_host_name_is_resolved_once_and_named_in_the_plan(tmp_path: Pat
 def test_an_msrun_master_addr_name_is_resolved_as_msrun_does(tmp_path: Path,
                                                               monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as probe:  # a free port: msrun's default 8118 may be another job's
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    with socket.socket() as free:  # msrun's default 8118 may be another test's
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
     parsed = msrun_compat.parse(("--worker_num", "1", "--local_worker_num", "1", "--master_addr",
                                  "localhost", "--master_port", port, _script(tmp_path)),
                                 run_option_arity())
