@@ -86,9 +86,10 @@ def cli() -> None:
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True,
               help="Stop the job when a rank has not initialised communication by then (0: "
               "never).")
-@click.option("--hang-timeout", type=float, default=600.0, show_default=True,
+@click.option("--hang-timeout", type=float,
               help="Stop the job when ranks make no progress for this long, naming the rank "
-              "that hangs (0: never).")
+              "that hangs (0: never) [default: learnt from the job: 5 x the longest quiet "
+              "interval between steps, at least 10 s; 600 until 3 were seen].")
 @click.option("--hang-grace", type=float, default=1800.0, show_default=True,
               help="The same, before a rank's first step and after a checkpoint load (graph "
               "compilation).")

@@ -95,8 +95,8 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, out, err)
-    hangs = HangCheck(monitor.rank_states, Limits(config.hang_timeout, config.hang_grace)) \
-        if config.hang_timeout > 0 else None
+    limits = Limits(config.hang_timeout, config.hang_grace)
+    hangs = HangCheck(monitor.rank_states, limits) if limits.on else None
     ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated,
                               job.plan.collect_ranks, monitor.on_collected,
                               agents=job.backend is not None)
@@ -278,6 +278,10 @@ class Attempt:
         stall = stalled_before(self.monitor.rank_states(), cause.rank, cause.time or time.time())
         if stall is None:
             return result
+        if self.hangs is not None:  # the failure came first: say which limit it beat
+            limits = self.hangs.limits
+            stall = dataclasses.replace(stall, timeout=limits.quiet,
+                                        limit=f"{limits.why}, not reached")
         block = describe_stall(stall, self.monitor.job_id)
         consequence = "\n".join("  " + line for line in result.message.splitlines()[:12])
         message = (f"{block}\n  rank {cause.rank}'s failure followed from it (it waited on rank "

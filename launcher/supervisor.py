@@ -57,7 +57,7 @@ class LocalRanks:
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
         limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
         # Nobody sits at a pdb prompt against a clock (``--debug``).
-        self._stalls = StallWatch(limits) if plan.timeouts.hang > 0 and not plan.foreground \
+        self._stalls = StallWatch(limits) if limits.on and not plan.foreground \
             else None
         self._finish = threading.Event()
         self._wake = threading.Event()

@@ -164,7 +164,11 @@ of the first step (graph compilation), for the start-up breakdown (``launcher.st
 EVENT_PROGRESS = "progress"
 """The rank hook's view of training progress (``parallel.progress``), sent at most twice a second
 and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
-``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far)."""
+``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far); ``section``
+(``save`` or ``eval`` while the main thread is inside a checkpoint save or an evaluation, else
+"") and ``sections`` (saves and evaluations completed so far): judged by a limit of their own."""
+SECTION_SAVE = "save"
+SECTION_EVAL = "eval"
 EVENT_STACK = "stack"
 """Not sent by the rank: its supervisor's sample of the rank's stacks when the rank went silent
 (``launcher.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
@@ -226,6 +230,8 @@ class Event:
     count: Optional[int] = None
     busy: Optional[bool] = None
     loads: Optional[int] = None
+    section: Optional[str] = None
+    sections: Optional[int] = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -249,7 +255,8 @@ class Event:
 _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,
            "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
            "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text,
-           "count": _whole, "busy": _flag, "loads": _whole}
+           "count": _whole, "busy": _flag, "loads": _whole, "section": _text,
+           "sections": _whole}
 """How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.

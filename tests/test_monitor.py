@@ -277,13 +277,15 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0, behind=behind) is None  # silent 30 s: not yet
     clock.now = 42.5
     stall = behind()
-    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30)
+    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30,
+                          limit="--hang-timeout 30")
     assert describe_stall(stall, "job-1") == (
         "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
-        "30 s while other ranks advanced")
+        "30 s while other ranks advanced (--hang-timeout 30)")
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
-        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": ""}
+        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "",
+        "limit": "--hang-timeout 30"}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
@@ -292,7 +294,8 @@ def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -
     behind = HangCheck(monitor.rank_states, Limits(20, 20), clock)
     initialise(monitor, clock)
     stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
-    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20)
+    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20,
+                          limit="--hang-timeout 20")
     assert "stalled before its first step" in describe_stall(stall, "job-1")
 
 
