@@ -3,12 +3,13 @@
     python bench/bench_hang_limits.py --runs 2
 
 A plain MindSpore data-parallel job (``tests/plain_scripts/plain_loop.py``, graph mode, 2 CPU
-ranks, steps of a few tens of ms) whose rank 1 sleeps before its step 300 (a few seconds after compilation): the seconds from its
-sleep (the timestamp it prints) to npu-launch's exit, what ended the job (npu-launch's own hang
-check, or MindSpore's 30 s collective timeout on rank 0, blamed on rank 1 afterwards) and the
-limit the message names. Side by side in one run: no ``--hang-timeout`` (the limit learnt from
-the job) and ``--hang-timeout 600`` (the former default, which MindSpore's timeout beats on CPU;
-on Ascend HCCL's is 1836 s, so there the job would hold its cards for the 600 s).
+ranks, steps of a few tens of ms) whose rank 1 sleeps before its step 300 (a few seconds after
+compilation): the seconds from its sleep (the timestamp it prints) to npu-launch's exit, what
+ended the job (npu-launch's own hang check, or MindSpore's 30 s collective timeout on rank 0,
+blamed on rank 1 afterwards) and the limit the message names. Side by side in one run: no
+``--hang-timeout`` (the limit learnt from the job) and ``--hang-timeout 600`` (the former
+default, which MindSpore's timeout beats on CPU; on Ascend HCCL's is 1836 s, so there the job
+would hold its cards for the 600 s).
 
 Do not run other work meanwhile: 2 cores, every figure is a wall time.
 """

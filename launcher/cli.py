@@ -89,7 +89,7 @@ def cli() -> None:
 @click.option("--hang-timeout", type=float,
               help="Stop the job when ranks make no progress for this long, naming the rank "
               "that hangs (0: never) [default: learnt from the job: 5 x the longest quiet "
-              "interval between steps, at least 10 s; 600 until 3 were seen].")
+              "interval between steps, at least 10 s; 600 until 2 were seen].")
 @click.option("--hang-grace", type=float, default=1800.0, show_default=True,
               help="The same, before a rank's first step and after a checkpoint load (graph "
               "compilation).")

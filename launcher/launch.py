@@ -44,8 +44,9 @@ from launcher.output import Console
 from launcher.payload import serving
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
-from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, Policy, blamed_host,
-                               host_to_leave_out, shrink_problem)
+from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, FailurePoint, Policy,
+                               blamed_host, cannot_help, host_to_leave_out, shrink_problem,
+                               stop_restarting)
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
 from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Limits, StackSample, Stall,
@@ -128,9 +129,12 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     ``--max-restarts`` times in all, waiting the backoff first (``launcher.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
-    a host blamed for the last two failures is left out (``_leave_out``)."""
+    a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
+    row at the same step, of the same cause, with no newer complete checkpoint, stop the job
+    (``restarts.cannot_help``)."""
     policy = Policy(config.max_restarts, *config.backoff, config.min_nodes)
     blamed: list[Optional[str]] = []
+    last: Optional[FailurePoint] = None
     left_out: list[str] = []
     waited = 0.0
     while True:
@@ -145,6 +149,10 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         again = plan.restart + 1
         if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
             return result
+        point = attempt.failure_point(result)
+        if cannot_help(last, point):
+            return stop_restarting(result, point)
+        last = point
         blamed.append(blamed_host(result))
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
         waited = policy.wait_before(again)
@@ -239,6 +247,8 @@ class Attempt:
         self._stack_paths = stack_paths
         self.initialised: set[int] = set()
         self.calling_init: set[int] = set()
+        self.steps: dict[int, int] = {}
+        """Each rank's last trainer step in this attempt."""
         monitor.begin_attempt(ranks)
         if hangs is not None:
             hangs.begin_attempt()
@@ -252,6 +262,8 @@ class Attempt:
             self.ledger.record(event)
         elif event.kind == contract.EVENT_STACK:
             self._keep_stack(event)
+        elif event.kind == contract.EVENT_STEP and event.step is not None:
+            self.steps[event.rank] = event.step
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -266,6 +278,19 @@ class Attempt:
 
     def all_called_init(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
+
+    def failure_point(self, result: JobResult) -> FailurePoint:
+        """Where this attempt failed (its root-cause rank's last step, else its progress
+        count), why, and the newest complete checkpoint now."""
+        rank = result.cause.rank if result.cause else None
+        where: Optional[tuple[str, int]] = None
+        if rank is not None and rank in self.steps:
+            where = ("step", self.steps[rank])
+        elif rank is not None:
+            counts = {s.rank: s.progress.count for s in self.monitor.rank_states()}
+            where = ("count", counts[rank]) if counts.get(rank) else None
+        resume = self.ledger.resume_point() if self.ledger is not None else None
+        return FailurePoint.of(result, where, resume.step if resume else None)
 
     def blame(self, result: JobResult) -> JobResult:
         """``result``, or, when its failed rank was waiting on one that had stopped making

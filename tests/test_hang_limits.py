@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TESTS, assert_no_job_processes, run_launcher
+from launcher.restarts import NO_PROGRESS_EXIT_CODE
 from launcher.stalls import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.mindspore
@@ -82,3 +83,21 @@ def test_the_rank_hook_wraps_mindsporess_saves_and_evaluations(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert any(r["event"] == "progress" and r.get("sections") == 1 for r in records), records
+
+
+def test_a_deterministic_failure_stops_after_two_attempts_with_its_own_exit_code(
+        weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--max-restarts", "3", "--restart-backoff", "0", "--job-id",
+                          "same-failure", "--log-dir", str(logs), PACED, "--steps", "30",
+                          "--step-s", "0.05", "--fail-rank", "1", "--fail-at", "12")
+    assert result.returncode == NO_PROGRESS_EXIT_CODE == 93, result.stderr[-3000:]
+    assert ("npu-launch: not restarting: the last two attempts failed at step 12 with the same "
+            "root cause (rank 1, RuntimeError) and no complete checkpoint: a restart cannot "
+            "help (exit 93)") in result.stderr, result.stderr[-3000:]
+    assert "restart 2 of 3" not in result.stderr
+    summary = _summary(logs)
+    assert [(a["outcome"], a["exit_code"]) for a in summary["attempts"]] == [
+        ("failed", 1), ("failed", 1)], "each attempt failed as itself; the job ends 93"
+    assert summary["exit_code"] == 93 and summary["root_cause"]["rank"] == 1
+    assert_no_job_processes("same-failure")

@@ -10,6 +10,8 @@ others wait inside step K (``busy``) for as long, as data-parallel peers in the 
 ``--save-rank R --save-at K --save-s S``: rank R is inside a checkpoint save (``section``
 ``save``) for S seconds before step K; the others wait inside step K meanwhile. ``--eval``:
 the same as an evaluation whose batches show as progress inside the section.
+``--fail-rank R --fail-at K``: rank R raises before its step K, in every attempt (a
+deterministic failure). Each step is also reported as the trainer's ``step`` event.
 """
 import argparse
 import time
@@ -26,6 +28,8 @@ parser.add_argument("--save-rank", type=int, default=-1)
 parser.add_argument("--save-at", type=int, default=-1)
 parser.add_argument("--save-s", type=float, default=0.0)
 parser.add_argument("--eval", action="store_true")
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--fail-at", type=int, default=-1)
 args = parser.parse_args()
 rank = contract.RankIdentity.from_environ(__import__("os").environ).rank
 sections = 0
@@ -40,6 +44,8 @@ events.emit(contract.EVENT_INITIALISED, exec_mode="graph")
 time.sleep(args.compile_s)
 count = 0
 for step in range(args.steps):
+    if step == args.fail_at and rank == args.fail_rank:
+        raise RuntimeError(f"deterministic failure before step {step}")
     if step == args.hang_at:
         if rank != args.hang_rank:
             progress(count, busy=True)  # waiting inside step K for the rank that hangs
@@ -60,4 +66,5 @@ for step in range(args.steps):
     time.sleep(args.step_s)
     count += 1
     progress(count)
+    events.emit(contract.EVENT_STEP, step=count, epoch=0)
 print(f"rank {rank} done after {count} steps", flush=True)
