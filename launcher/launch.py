@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import math
 import os
 import secrets
 import signal
@@ -140,7 +141,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     while True:
         attempt = attempts.begin(job.plan)
         started = time.time()
-        result = attempt.blame(run_job(job, config, environ, console, attempt))
+        result = attempt.blame(run_job(job, config, environ, console, attempt, err))
         plan = job.plan
         attempts.monitor.attempt_ended(AttemptRecord.of(
             plan.restart, started, result, plan.resume.step if plan.resume else None,
@@ -249,6 +250,11 @@ class Attempt:
         self.calling_init: set[int] = set()
         self.steps: dict[int, int] = {}
         """Each rank's last trainer step in this attempt."""
+        self.savers: set[int] = set()
+        """Ranks whose trainer saves a checkpoint when asked to stop (``saves_on_stop``)."""
+        self.log_every = 1
+        self.step_times: list[tuple[float, int]] = []
+        """(when it arrived, step) of the last few step events, for the pace of steps."""
         monitor.begin_attempt(ranks)
         if hangs is not None:
             hangs.begin_attempt()
@@ -263,7 +269,7 @@ class Attempt:
         elif event.kind == contract.EVENT_STACK:
             self._keep_stack(event)
         elif event.kind == contract.EVENT_STEP and event.step is not None:
-            self.steps[event.rank] = event.step
+            self._stepped(event, event.step)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -278,6 +284,25 @@ class Attempt:
 
     def all_called_init(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
+
+    def _stepped(self, event: Event, step: int) -> None:
+        self.steps[event.rank] = step
+        if event.record.get("saves_on_stop") is True:
+            self.savers.add(event.rank)
+        every = event.record.get("log_every")
+        if isinstance(every, int) and every > 0:
+            self.log_every = every
+        self.step_times = [*self.step_times[-7:], (time.monotonic(), step)]
+
+    def stop_step(self, ranks: Sequence[int]) -> Optional[int]:
+        """The step every rank of ``ranks`` can still reach and save, when all of them save on
+        a stop request: past the newest step reported, by the steps between two reports and
+        by a second's worth of steps (events arrive late), plus one."""
+        if not ranks or not set(ranks) <= self.savers:
+            return None
+        (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]
+        per_second = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        return max(self.steps.values()) + self.log_every + math.ceil(per_second) + 1
 
     def failure_point(self, result: JobResult) -> FailurePoint:
         """Where this attempt failed (its root-cause rank's last step, else its progress
@@ -378,8 +403,9 @@ def _own_log_dir(job: Job) -> str:
 
 
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
-            attempt: Attempt) -> JobResult:
+            attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
+    _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -387,7 +413,9 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
-        return run_local(plan, environ, job.node_rank, console, config.console, attempt)
+        stop = StopRequest(plan, attempt, err)
+        return run_local(plan, environ, job.node_rank, console, config.console, attempt,
+                         on_stop=stop)
     prepare_dirs(plan.log_dir)
     mark_storage(plan.log_dir, plan.token)  # before any agent looks for it
     replicas = plan.resume.replicas if plan.resume else {}
@@ -399,6 +427,43 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
         return run_agents(plan, agents, config.console, environ, console, attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    """On a stop signal to a job run here: when every rank's trainer saves on request
+    (``saves_on_stop``), the step they all save and stop at goes into the log directory
+    (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
+    else they are stopped at once, as before."""
+
+    plan: LaunchPlan
+    attempt: "Attempt"
+    err: Optional[TextIO] = None
+
+    def __call__(self, signum: int) -> float:
+        step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
+        if step is None or self.plan.timeouts.kill <= 0:
+            return 0.0
+        path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
+        try:
+            with open(f"{path}.tmp", "w") as f:
+                f.write(f"{step}\n")
+            os.replace(f"{path}.tmp", path)
+        except OSError:
+            return 0.0
+        if self.err is not None:
+            self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
+                           f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
+                           "again to stop at once)\n")
+            self.err.flush()
+        return self.plan.timeouts.kill
+
+
+def _clear_stop_request(log_dir: str) -> None:
+    try:
+        os.remove(os.path.join(log_dir, contract.STOP_REQUEST_FILE))
+    except OSError:
+        pass
 
 
 def _write_plan(plan: LaunchPlan) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Mapping, Optional, TextIO
+from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config import ConsoleFilter
 from launcher.events import EventTail
@@ -210,10 +210,11 @@ class LocalRanks:
 
 
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
-              console_filter: ConsoleFilter, reporter: Reporter) -> JobResult:
-    """Run this node's share of ``plan`` here until it ends."""
+              console_filter: ConsoleFilter, reporter: Reporter,
+              on_stop: Callable[[int], float] = lambda _: 0.0) -> JobResult:
+    """Run this node's share of ``plan`` here until it ends; ``on_stop``: see ``Watch``."""
     ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
-    return Watch(plan, ranks, ranks.group(), reporter.tick).run()
+    return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop).run()
 
 
 def _remove_stale(spec: ProcessSpec) -> None:

@@ -69,7 +69,8 @@ class Watch:
 
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
                  tick: Callable[[], Optional[Stall]] = lambda: None,
-                 interval: float = _TICK) -> None:
+                 interval: float = _TICK, on_stop: Callable[[int], float] = lambda _: 0.0
+                 ) -> None:
         self._plan = plan
         self._source = source
         self._group = group
@@ -78,6 +79,10 @@ class Watch:
         """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
         short)."""
         self._signal: Optional[int] = None
+        self._on_stop = on_stop
+        """Called once on a stop signal: the seconds the ranks get to save and exit on their
+        own (0: stop them now)."""
+        self._stop_by: Optional[float] = None
         self._wake = threading.Event()
         self._stall: Optional[Stall] = None
 
@@ -98,20 +103,29 @@ class Watch:
         """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
         if self._signal is None:
             self._signal = signum
+        else:  # a second signal: stop now, saved or not
+            self._stop_by = 0.0
         self._wake.set()
 
     def _loop(self) -> Outcome:
         while True:
-            if self._signal is not None:
+            if self._signal is not None and self._stopping():
                 return Outcome.INTERRUPTED
             outcome = self._source.check(self._group, self._group.poll())
             if outcome is not None:
-                return outcome
+                return Outcome.INTERRUPTED if self._signal is not None else outcome
             self._stall = self._tick()
             if self._stall is not None:
                 return Outcome.STALLED
             self._wake.wait(self._interval)
             self._wake.clear()
+
+    def _stopping(self) -> bool:
+        """Whether to stop the processes now that a stop signal came: at once, or once the time
+        the ranks were given to save a checkpoint and exit on their own (``on_stop``) is up."""
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + self._on_stop(self._signal or 0)
+        return time.monotonic() >= self._stop_by
 
     def _result(self, outcome: Outcome, elapsed: float) -> JobResult:
         job, now = self._plan.job_id, time.time()

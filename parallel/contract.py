@@ -146,7 +146,13 @@ EVENT_LAYOUT = "layout"
 """Sent by ``parallel.init()``: the world size, the parallel layout and this rank's place in it,
 and ``exec_mode``."""
 EVENT_STEP = "step"
-"""The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``."""
+"""The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``,
+``log_every`` (steps between two of these events) and ``saves_on_stop`` (true when the trainer
+saves a checkpoint: it then obeys ``STOP_REQUEST_FILE``)."""
+STOP_REQUEST_FILE = "stop_request"
+"""Written by node 0 into the log directory (``LOG_DIR``) when npu-launch is told to stop
+(SIGTERM, SIGINT, SIGHUP) and every rank said ``saves_on_stop``: one line, the step at which
+every rank saves a checkpoint and exits 0 (a rank past it saves the step it is at)."""
 EVENT_EVAL = "eval"
 """The trainer's held-out evaluation: ``epoch`` (epochs completed), ``step``, ``loss``,
 ``accuracy`` (null without class labels) and ``samples``."""

@@ -287,6 +287,9 @@ class Trainer:
         self.resumed_from: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
+        log_dir = os.environ.get(contract.LOG_DIR)
+        self._stop_file = os.path.join(log_dir, contract.STOP_REQUEST_FILE) if log_dir else ""
+        self._stop_step: Optional[int] = None
         self._pending_manifests: set[int] = set()
         self._confirmed_steps: list[int] = []
         self._gather: Optional[RowGather] = None
@@ -456,6 +459,24 @@ class Trainer:
         every = self.options.ckpt_every_steps
         if every and step % every == 0:
             self._save(run)
+        if self._stop_at(step):
+            self._save(run)
+            print(f"npu-launch trainer: rank {self.rank} saved step {step} and stops, as asked",
+                  flush=True)
+            raise SystemExit(0)
+
+    def _stop_at(self, step: int) -> bool:
+        """Whether npu-launch asked every rank to save and stop at ``step`` or before
+        (``contract.STOP_REQUEST_FILE``; one ``stat`` a step until it exists)."""
+        if self._stop_step is None:
+            if not self._stop_file or not os.path.exists(self._stop_file):
+                return False
+            try:
+                with open(self._stop_file) as f:
+                    self._stop_step = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):  # being written: next step
+                return False
+        return step >= self._stop_step and self.options.ckpt_dir is not None
 
     def _step_callbacks(self, run: _Run) -> None:
         info = StepInfo(self.position.global_step, self.position.epoch,
@@ -466,7 +487,9 @@ class Trainer:
 
     def _emit_step(self, run: _Run) -> None:
         self._count_skipped(run)
-        mode = {} if run.mode_reported else {"exec_mode": run.exec_mode.value}
+        mode = {} if run.mode_reported else {
+            "exec_mode": run.exec_mode.value, "log_every": self.options.log_every,
+            "saves_on_stop": self.options.ckpt_dir is not None}
         run.mode_reported = True
         events.emit(contract.EVENT_STEP, step=self.position.global_step, epoch=self.position.epoch,
                     loss=float(run.last_loss.asnumpy()), samples_per_s=run.meter.rate(),

@@ -592,3 +592,30 @@ def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
     stall = run_steps(monitor, clock, (0, 1, 3), clock.now + 1, clock.now + 20, behind=behind)
     assert stall is not None and stall.rank == 2
     assert behind.first is not None and behind.first.rank == 2
+
+
+def test_a_launch_into_an_earlier_jobs_directory_continues_its_history(weird_tmp: Path) -> None:
+    """The same command run again (a resume after a stop) keeps summary.json's attempts and
+    metrics.jsonl's records of the earlier launch and adds its own after them."""
+    from launcher.failures import JobResult, Outcome
+    from launcher.restarts import AttemptRecord
+    from parallel.contract import Event
+    stopped = JobResult(Outcome.INTERRUPTED, 143, "stopped", 20.0)
+    for launch, (result, step) in enumerate(((stopped, 30), (JobResult(Outcome.SUCCEEDED, 0,
+                                                                          "", 50.0), 60))):
+        clock = FakeClock(10.0 + 40 * launch)
+        monitor = make_monitor(weird_tmp, clock)
+        monitor.on_event(Event.parse({"event": "step", "rank": 0, "host": "node a",
+                                      "step": step, "time": clock.now}))
+        monitor.attempt_ended(AttemptRecord.of(0, clock.now, result, 30 if launch else None,
+                                               ["node a"], 4, 0.0, ()))
+        summary = monitor.close(result.outcome.value, result.exit_code)
+    assert [(a["launch"], a["outcome"], a["exit_code"], a["resumed_from"])
+            for a in summary["attempts"]] == [(0, "interrupted", 143, None),
+                                              (1, "succeeded", 0, 30)]
+    saved = json.loads((weird_tmp / "summary.json").read_text())
+    assert saved["attempts"] == summary["attempts"] and saved["outcome"] == "succeeded"
+    records = metrics(weird_tmp)
+    assert [r["event"] for r in records if r["event"] in ("job", "attempt")] == [
+        "job", "attempt", "job", "attempt"]
+    assert [r["step"] for r in records if r["event"] == "step"] == [30, 60]
