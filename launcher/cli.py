@@ -81,8 +81,9 @@ def cli() -> None:
               "always go to the rank logs).")
 @click.option("--merge-lines/--no-merge-lines", default=True, show_default=True,
               help="Show a line that several ranks print alike once, as [host:0-7] line.")
-@click.option("--kill-timeout", type=float, default=5.0, show_default=True,
-              help="Seconds between SIGTERM and SIGKILL when stopping processes.")
+@click.option("--kill-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping processes; on a stop "
+              "signal, also the time trainer ranks get to save a checkpoint and exit first.")
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True,
               help="Stop the job when a rank has not initialised communication by then (0: "
               "never).")

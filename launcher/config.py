@@ -79,7 +79,7 @@ class LaunchConfig:
     console: ConsoleFilter = ConsoleFilter()
     runtime_logs: bool = False
     merge_lines: bool = True
-    kill_timeout: float = 5.0
+    kill_timeout: float = 10.0
     startup_timeout: float = 300.0
     debug: bool = False
     dry_run: bool = False

@@ -250,6 +250,7 @@ class Attempt:
         self.calling_init: set[int] = set()
         self.steps: dict[int, int] = {}
         """Each rank's last trainer step in this attempt."""
+        self.exited: set[int] = set()
         self.savers: set[int] = set()
         """Ranks whose trainer saves a checkpoint when asked to stop (``saves_on_stop``)."""
         self.log_every = 1
@@ -270,6 +271,8 @@ class Attempt:
             self._keep_stack(event)
         elif event.kind == contract.EVENT_STEP and event.step is not None:
             self._stepped(event, event.step)
+        elif event.kind == contract.EVENT_EXITED:
+            self.exited.add(event.rank)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -287,8 +290,9 @@ class Attempt:
 
     def _stepped(self, event: Event, step: int) -> None:
         self.steps[event.rank] = step
-        if event.record.get("saves_on_stop") is True:
-            self.savers.add(event.rank)
+        saves = event.record.get("saves_on_stop")
+        if isinstance(saves, bool):  # said in a fit's first step event
+            (self.savers.add if saves else self.savers.discard)(event.rank)
         every = event.record.get("log_every")
         if isinstance(every, int) and every > 0:
             self.log_every = every
@@ -457,6 +461,9 @@ class StopRequest:
                            "again to stop at once)\n")
             self.err.flush()
         return self.plan.timeouts.kill
+
+    def ranks_stopped(self) -> bool:
+        return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
 
 
 def _clear_stop_request(log_dir: str) -> None:

@@ -114,7 +114,7 @@ class Timeouts:
     ``--hang-timeout`` (0: never) and ``--hang-grace``, carried in the plan so agents get them
     with it."""
 
-    kill: float = 5.0
+    kill: float = 10.0
     startup: float = 300.0
     hang: Optional[float] = None
     """None: learnt from the job (``stalls.Limits``)."""

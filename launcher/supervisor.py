@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Mapping, Optional, TextIO
+from typing import Mapping, Optional, TextIO
 
 from launcher.config import ConsoleFilter
 from launcher.events import EventTail
@@ -22,7 +22,7 @@ from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
 from launcher.stalls import Limits, StackSample, Stacks, StallWatch, sample_stacks
-from launcher.watch import Reporter, Watch
+from launcher.watch import Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event
 
@@ -211,7 +211,7 @@ class LocalRanks:
 
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
               console_filter: ConsoleFilter, reporter: Reporter,
-              on_stop: Callable[[int], float] = lambda _: 0.0) -> JobResult:
+              on_stop: Optional[StopHook] = None) -> JobResult:
     """Run this node's share of ``plan`` here until it ends; ``on_stop``: see ``Watch``."""
     ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
     return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop).run()

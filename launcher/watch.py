@@ -37,6 +37,24 @@ class Reporter(Protocol):
         """Called every tick: redraw, and say whether a rank fell behind the others."""
 
 
+class StopHook(Protocol):
+    """What a stop signal does before the processes are stopped (``launch.StopRequest``)."""
+
+    def __call__(self, signum: int) -> float:
+        """The seconds the ranks get to save a checkpoint and exit on their own (0: none)."""
+
+    def ranks_stopped(self) -> bool:
+        """Every rank exited: nothing to wait for."""
+
+
+class _NoSave:
+    def __call__(self, signum: int) -> float:
+        return 0.0
+
+    def ranks_stopped(self) -> bool:
+        return False
+
+
 class Watched(Protocol):
     """The processes one watch loop supervises."""
 
@@ -69,8 +87,7 @@ class Watch:
 
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
                  tick: Callable[[], Optional[Stall]] = lambda: None,
-                 interval: float = _TICK, on_stop: Callable[[int], float] = lambda _: 0.0
-                 ) -> None:
+                 interval: float = _TICK, on_stop: Optional[StopHook] = None) -> None:
         self._plan = plan
         self._source = source
         self._group = group
@@ -79,7 +96,7 @@ class Watch:
         """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
         short)."""
         self._signal: Optional[int] = None
-        self._on_stop = on_stop
+        self._on_stop: StopHook = on_stop or _NoSave()
         """Called once on a stop signal: the seconds the ranks get to save and exit on their
         own (0: stop them now)."""
         self._stop_by: Optional[float] = None
@@ -125,7 +142,7 @@ class Watch:
         the ranks were given to save a checkpoint and exit on their own (``on_stop``) is up."""
         if self._stop_by is None:
             self._stop_by = time.monotonic() + self._on_stop(self._signal or 0)
-        return time.monotonic() >= self._stop_by
+        return time.monotonic() >= self._stop_by or self._on_stop.ranks_stopped()
 
     def _result(self, outcome: Outcome, elapsed: float) -> JobResult:
         job, now = self._plan.job_id, time.time()

@@ -21,6 +21,7 @@ import enum
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence, Union
@@ -463,7 +464,10 @@ class Trainer:
             self._save(run)
             print(f"npu-launch trainer: rank {self.rank} saved step {step} and stops, as asked",
                   flush=True)
-            raise SystemExit(0)
+            sys.stderr.flush()
+            # Every rank stops at this step: MindSpore's exit handlers would wait seconds on
+            # the cluster's finalisation that the launcher's --kill-timeout needs for the save.
+            os._exit(0)
 
     def _stop_at(self, step: int) -> bool:
         """Whether npu-launch asked every rank to save and stop at ``step`` or before
