@@ -136,8 +136,8 @@ class Limits:
         if self.learnt.intervals < LEARN_AFTER:
             return (f"limit {DEFAULT_TIMEOUT:g} s, the default: fewer than {LEARN_AFTER} "
                     "intervals seen to learn from")
-        return (f"limit {self.quiet:.3g} s learnt: {LEARN_FACTOR:g} x {self.learnt.longest:.2g} s "
-                f"longest interval, floor {LEARN_FLOOR:g} s")
+        return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
+                f"{_seconds(self.learnt.longest, 2)} s longest interval, floor {LEARN_FLOOR:g} s")
 
     def learning(self, learnt: Learnt) -> "Limits":
         return dataclasses.replace(self, learnt=self.learnt.merge(learnt))
@@ -155,8 +155,13 @@ class Limits:
         if progress.in_grace and self.grace > self.quiet:
             return f"--hang-grace {self.grace:g}: compiling"
         if progress.section and not progress.in_grace:
-            return f"limit {self.of(progress):.3g} s inside a {progress.section}"
+            return f"limit {_seconds(self.of(progress))} s inside a {progress.section}"
         return self.why
+
+
+def _seconds(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, whole from 100 on (never ``1e+03``)."""
+    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
 
 
 @dataclasses.dataclass
