@@ -9,6 +9,7 @@ processes ended the job, and how (the root cause).
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from launcher.failures import Cause, JobResult, Outcome, stall_cause
 from launcher.plan import LaunchPlan
 from launcher.process import Exit, ProcessGroup
 from launcher.stalls import HANG_EXIT_CODE, Stall, describe_stall
+from parallel import contract
 from parallel.contract import Event
 
 _TICK = 0.02
@@ -111,6 +113,7 @@ class Watch:
             outcome = self._loop()
             self._source.before_close(self._group, outcome)
         finally:
+            _no_save(self._plan.log_dir)
             closed = self._group.close(self._plan.timeouts.kill)
             restore_signal_handlers(previous)
         self._source.after_close(closed)
@@ -173,6 +176,18 @@ class Watch:
 
 SignalHandlers = dict[signal.Signals, Any]
 """What ``signal.signal`` returned for each signal, to put back when the job ends."""
+
+
+def _no_save(log_dir: str) -> None:
+    """Tell ranks that get a stop signal now that no save comes: they die at once
+    (``parallel.preemption``; a save asked for is made or given up by now)."""
+    path = os.path.join(log_dir, contract.STOP_REQUEST_FILE)
+    try:
+        with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+            f.write(contract.STOP_NO_SAVE + "\n")
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    except OSError:
+        pass
 
 
 def restore_signal_handlers(previous: SignalHandlers) -> None:

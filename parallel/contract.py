@@ -152,7 +152,10 @@ saves a checkpoint: it then obeys ``STOP_REQUEST_FILE``)."""
 STOP_REQUEST_FILE = "stop_request"
 """Written by node 0 into the log directory (``LOG_DIR``) when npu-launch is told to stop
 (SIGTERM, SIGINT, SIGHUP) and every rank said ``saves_on_stop``: one line, the step at which
-every rank saves a checkpoint and exits 0 (a rank past it saves the step it is at)."""
+every rank saves a checkpoint and exits 0 (a rank past it saves the step it is at); or
+``STOP_NO_SAVE``, written as the job's processes are stopped without a save, so that a rank
+that got the stop signal itself dies at once (``parallel.preemption``)."""
+STOP_NO_SAVE = "none"
 EVENT_EVAL = "eval"
 """The trainer's held-out evaluation: ``epoch`` (epochs completed), ``step``, ``loss``,
 ``accuracy`` (null without class labels) and ``samples``."""

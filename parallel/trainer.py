@@ -31,7 +31,7 @@ import numpy as np
 from mindspore import nn
 
 from parallel import contract
-from parallel import amp, checkpoint, events
+from parallel import amp, checkpoint, events, preemption
 from parallel.config import ExecMode
 from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,
                                   NetWithLoss, RowGather, ScaledLoss, TrainStep)
@@ -288,8 +288,7 @@ class Trainer:
         self.resumed_from: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
-        log_dir = os.environ.get(contract.LOG_DIR)
-        self._stop_file = os.path.join(log_dir, contract.STOP_REQUEST_FILE) if log_dir else ""
+        self._stop_file = preemption.stop_file()
         self._stop_step: Optional[int] = None
         self._pending_manifests: set[int] = set()
         self._confirmed_steps: list[int] = []
@@ -383,7 +382,8 @@ class Trainer:
         self._check_replicas()
         for callback in self.callbacks:
             callback.on_fit_start(self)
-        self._train(run, epochs, max_steps)
+        with preemption.deferred_sigterm(self._stop_file):
+            self._train(run, epochs, max_steps)
         return self._finish(run)
 
     def _train(self, run: _Run, epochs: int, max_steps: Optional[int]) -> None:
@@ -475,11 +475,10 @@ class Trainer:
         if self._stop_step is None:
             if not self._stop_file or not os.path.exists(self._stop_file):
                 return False
-            try:
-                with open(self._stop_file) as f:
-                    self._stop_step = int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):  # being written: next step
+            word = preemption.read_word(self._stop_file)
+            if word is None or not word.isdigit():  # being written, or no save: not now
                 return False
+            self._stop_step = int(word)
         return step >= self._stop_step and self.options.ckpt_dir is not None
 
     def _step_callbacks(self, run: _Run) -> None:
