@@ -50,7 +50,7 @@ from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, FailurePoint, Pol
                                stop_restarting)
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
-from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Limits, StackSample, Stall,
+from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Learnt, Limits, StackSample, Stall,
                              describe_stall, native_path, stalled_before)
 from launcher.supervisor import print_message, run_local
 from launcher.watch import wait_unless_signalled
@@ -97,7 +97,8 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, out, err)
-    limits = Limits(config.hang_timeout, config.hang_grace)
+    command = (config.script, *config.script_args)
+    limits = Limits(config.hang_timeout, config.hang_grace, Learnt.load(_own_log_dir(job), command))
     hangs = HangCheck(monitor.rank_states, limits) if limits.on else None
     ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated,
                               job.plan.collect_ranks, monitor.on_collected,
@@ -115,6 +116,8 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     finally:
         console.close()
         stall = hangs.first if hangs else None
+        if hangs is not None:
+            hangs.limits.learnt.save(_own_log_dir(job), command)
         monitor.storage_found(ledger.storage)
         if result is None:
             monitor.close("error", 1, "npu-launch itself failed", stall)

@@ -33,6 +33,8 @@ result). ``HANG_EXIT_CODE`` (124, as ``timeout(1)``) is the job's exit code for 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 import shutil
@@ -69,6 +71,8 @@ LEARN_FLOOR = 10.0
 (``parallel.progress.INTERVAL``), a busy machine stretches a step twofold."""
 LEARN_AFTER = 2
 """Quiet intervals a rank must have shown before the limit is learnt from them."""
+LEARNT_FILE = "hang_limits.json"
+"""In the log directory: what the hang limits learnt, for the next launch of the same job."""
 DEFAULT_TIMEOUT = 600.0
 """The limit while nothing is learnt yet (no ``--hang-timeout`` given)."""
 
@@ -99,6 +103,33 @@ class Learnt:
 
     def section(self, kind: str) -> Optional[float]:
         return dict(self.sections).get(kind)
+
+    def save(self, log_dir: str, command: Sequence[str]) -> None:
+        """Keep what was learnt in ``log_dir`` (``LEARNT_FILE``) for the next launch there of
+        the same ``command`` (the script and its arguments): it resumes the same job."""
+        record = {"command": list(command), "longest": self.longest,
+                  "intervals": self.intervals, "sections": dict(self.sections)}
+        try:
+            with open(os.path.join(log_dir, LEARNT_FILE), "w") as f:
+                json.dump(record, f)
+        except OSError:
+            pass
+
+    @classmethod
+    def load(cls, log_dir: str, command: Sequence[str]) -> "Learnt":
+        """What an earlier launch of ``command`` into ``log_dir`` learnt; nothing when it was
+        another command (another job's pace says nothing of this one's) or cannot be read."""
+        try:
+            with open(os.path.join(log_dir, LEARNT_FILE)) as f:
+                record = json.load(f)
+            if record["command"] != list(command):
+                return cls()
+            sections = tuple(sorted((str(k), float(v)) for k, v in record["sections"].items()))
+            learnt = cls(float(record["longest"]), int(record["intervals"]), sections)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return cls()
+        finite = all(map(math.isfinite, [learnt.longest, *dict(sections).values()]))
+        return learnt if finite and learnt.longest >= 0 else cls()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -380,3 +380,14 @@ def test_a_save_or_an_evaluation_is_a_section_of_its_own_kind(counted) -> None:
     worker.start()
     worker.join()
     assert seen[-1] == ("", 3), "another thread's save is not the main thread's section"
+
+
+def test_what_was_learnt_is_kept_for_the_same_command_run_again(tmp_path) -> None:
+    learnt = Learnt(0.52, 7, (("save", 3.0),))
+    learnt.save(str(tmp_path), ["train.py", "--epochs", "3"])
+    assert Learnt.load(str(tmp_path), ["train.py", "--epochs", "3"]) == learnt
+    assert Learnt.load(str(tmp_path), ["other.py"]) == Learnt(), "another job's pace"
+    (tmp_path / "hang_limits.json").write_text('{"command": [], "longest": NaN, '
+                                               '"intervals": 3, "sections": {}}')
+    assert Learnt.load(str(tmp_path), []) == Learnt()
+    assert Learnt.load(str(tmp_path / "missing"), []) == Learnt()
