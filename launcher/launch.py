@@ -154,8 +154,8 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
             return result
         point = attempt.failure_point(result)
-        if cannot_help(last, point):
-            return stop_restarting(result, point)
+        if last is not None and cannot_help(last, point):
+            return stop_restarting(result, point.told(last))
         last = point
         blamed.append(blamed_host(result))
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value

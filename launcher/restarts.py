@@ -105,6 +105,11 @@ class FailurePoint:
             c.outcome.value, c.process, c.rank, c.exception, c.error, c.returncode)
         return cls(where, cause, complete)
 
+    def told(self, other: "FailurePoint") -> "FailurePoint":
+        """This point, or ``other`` (the same failure) when only it has the error report's
+        exception."""
+        return other if self.cause[3:4] == (None,) and other.cause[3:4] != (None,) else self
+
     def describe(self) -> str:
         kind, n = self.where or ("step", -1)
         at = f"step {n}" if kind == "step" else f"progress count {n}"
@@ -119,8 +124,18 @@ class FailurePoint:
 
 def cannot_help(before: Optional[FailurePoint], now: FailurePoint) -> bool:
     """Whether another restart would fail the same way: the last two attempts failed at the
-    same known step with the same root cause, and no newer complete checkpoint came between."""
-    return before is not None and now.where is not None and before == now
+    same known step with the same root cause, and no newer complete checkpoint came between.
+    The exception and error text count only when both failures have them: a rank's exit may
+    be seen before its error report is read."""
+    if before is None or now.where is None or (before.where, before.complete) != (
+            now.where, now.complete) or len(before.cause) != len(now.cause):
+        return False
+    return all(a == b or (i in _REPORTED and (a is None or b is None))
+               for i, (a, b) in enumerate(zip(before.cause, now.cause)))
+
+
+_REPORTED = (3, 4)
+"""Positions of ``FailurePoint.cause`` read from the rank's error report (exception, error)."""
 
 
 def stop_restarting(result: JobResult, point: FailurePoint) -> JobResult:

@@ -245,6 +245,10 @@ def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_ne
     assert not cannot_help(first, FailurePoint.of(_failed(1), ("step", 51), None)), "progress"
     assert not cannot_help(first, FailurePoint.of(_failed(0), ("step", 50), None))
     assert not cannot_help(first, FailurePoint.of(_failed(1, "OSError"), ("step", 50), None))
+    unread = JobResult(Outcome.FAILED, 1, "", 0.0, Cause(Outcome.FAILED, "rank", 1, "h", 11, 1))
+    assert cannot_help(first, FailurePoint.of(unread, ("step", 50), None)), \
+        "its exit seen before its error report: the same failure still"
+    assert FailurePoint.of(unread, ("step", 50), None).told(first) == first
     assert not cannot_help(first, FailurePoint.of(_failed(1), ("step", 50), 44)), \
         "a newer complete checkpoint: the next attempt starts elsewhere"
     assert not cannot_help(FailurePoint.of(_failed(1), None, None),
