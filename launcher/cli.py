@@ -82,14 +82,16 @@ def cli() -> None:
               "always go to the rank logs).")
 @click.option("--merge-lines/--no-merge-lines", default=True, show_default=True,
               help="Show a line that several ranks print alike once, as [host:0-7] line.")
-@click.option("--kill-timeout", type=float, default=5.0, show_default=True,
-              help="Seconds between SIGTERM and SIGKILL when stopping processes.")
+@click.option("--kill-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping processes; on a stop "
+              "signal, also the time trainer ranks get to save a checkpoint and exit first.")
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True,
               help="Stop the job when a rank has not initialised communication by then (0: "
               "never).")
-@click.option("--hang-timeout", type=float, default=600.0, show_default=True,
+@click.option("--hang-timeout", type=float,
               help="Stop the job when ranks make no progress for this long, naming the rank "
-              "that hangs (0: never).")
+              "that hangs (0: never) [default: learnt from the job: 5 x the longest quiet "
+              "interval between steps, at least 10 s; 600 until 2 were seen].")
 @click.option("--hang-grace", type=float, default=1800.0, show_default=True,
               help="The same, before a rank's first step and after a checkpoint load (graph "
               "compilation).")

@@ -80,7 +80,7 @@ class LaunchConfig:
     console: ConsoleFilter = ConsoleFilter()
     runtime_logs: bool = False
     merge_lines: bool = True
-    kill_timeout: float = 5.0
+    kill_timeout: float = 10.0
     startup_timeout: float = 300.0
     debug: bool = False
     dry_run: bool = False
@@ -110,7 +110,9 @@ class LaunchConfig:
     preflight: bool = True
     sync_workdir: bool = False
     server_id: Optional[str] = None
-    hang_timeout: float = 600.0
+    hang_timeout: Optional[float] = None
+    """``--hang-timeout``: None when not given (the limit is learnt from the job,
+    ``stalls.Limits``); 0 turns hang detection off."""
     hang_grace: float = 1800.0
     max_restarts: int = 0
     restart_backoff: Optional[float] = None
@@ -197,7 +199,7 @@ class LaunchConfig:
         _check_range("--min-nodes", self.min_nodes, 1, limits.MAX_NODES, "nodes")
         for option, seconds in (("--kill-timeout", self.kill_timeout),
                                 ("--startup-timeout", self.startup_timeout),
-                                ("--hang-timeout", self.hang_timeout),
+                                ("--hang-timeout", self.hang_timeout or 0.0),
                                 ("--hang-grace", self.hang_grace),
                                 ("--rank-table-timeout", self.rank_table_timeout or 0.0),
                                 ("--restart-backoff", self.restart_backoff or 0.0),

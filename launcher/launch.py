@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import io
 import ipaddress
+import math
 import os
 import secrets
 import signal
@@ -46,11 +47,12 @@ from launcher.payload import serving
 from launcher.frameworks import FrameworkNote, mindspore_only
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
-from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, Policy, blamed_host,
-                               host_to_leave_out, shrink_problem)
+from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, FailurePoint, Policy,
+                               blamed_host, cannot_help, host_to_leave_out, shrink_problem,
+                               stop_restarting)
 from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
                                       node_share)
-from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Limits, StackSample, Stall,
+from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Learnt, Limits, StackSample, Stall,
                              describe_stall, native_path, stalled_before)
 from launcher.supervisor import print_message, run_local
 from launcher.watch import wait_unless_signalled
@@ -97,8 +99,9 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, out, err)
-    hangs = HangCheck(monitor.rank_states, Limits(config.hang_timeout, config.hang_grace)) \
-        if config.hang_timeout > 0 else None
+    command = (config.script, *config.script_args)
+    limits = Limits(config.hang_timeout, config.hang_grace, Learnt.load(_own_log_dir(job), command))
+    hangs = HangCheck(monitor.rank_states, limits) if limits.on else None
     ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated,
                               job.plan.collect_ranks, monitor.on_collected,
                               agents=job.backend is not None)
@@ -116,6 +119,8 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     finally:
         console.close()
         stall = hangs.first if hangs else None
+        if hangs is not None:
+            hangs.limits.learnt.save(_own_log_dir(job), command)
         monitor.storage_found(ledger.storage)
         if result is None:
             monitor.close("error", 1, "npu-launch itself failed", stall)
@@ -131,15 +136,18 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     ``--max-restarts`` times in all, waiting the backoff first (``launcher.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
-    a host blamed for the last two failures is left out (``_leave_out``)."""
+    a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
+    row at the same step, of the same cause, with no newer complete checkpoint, stop the job
+    (``restarts.cannot_help``)."""
     policy = Policy(config.max_restarts, *config.backoff, config.min_nodes)
     blamed: list[Optional[str]] = []
+    last: Optional[FailurePoint] = None
     left_out: list[str] = []
     waited = 0.0
     while True:
         attempt = attempts.begin(job.plan)
         started = time.time()
-        result = attempt.blame(run_job(job, config, environ, console, attempt))
+        result = attempt.blame(run_job(job, config, environ, console, attempt, err))
         plan = job.plan
         attempts.monitor.attempt_ended(AttemptRecord.of(
             plan.restart, started, result, plan.resume.step if plan.resume else None,
@@ -148,6 +156,10 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         again = plan.restart + 1
         if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
             return result
+        point = attempt.failure_point(result)
+        if last is not None and cannot_help(last, point):
+            return stop_restarting(result, point.told(last))
+        last = point
         blamed.append(blamed_host(result))
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
         waited = policy.wait_before(again)
@@ -246,6 +258,14 @@ class Attempt:
         self._frameworks = frameworks
         self.initialised: set[int] = set()
         self.calling_init: set[int] = set()
+        self.steps: dict[int, int] = {}
+        """Each rank's last trainer step in this attempt."""
+        self.exited: set[int] = set()
+        self.savers: set[int] = set()
+        """Ranks whose trainer saves a checkpoint when asked to stop (``saves_on_stop``)."""
+        self.log_every = 1
+        self.step_times: list[tuple[float, int]] = []
+        """(when it arrived, step) of the last few step events, for the pace of steps."""
         monitor.begin_attempt(ranks)
         if hangs is not None:
             hangs.begin_attempt()
@@ -261,6 +281,10 @@ class Attempt:
             self._keep_stack(event)
         elif event.kind == contract.EVENT_FRAMEWORK and self._frameworks is not None:
             self._frameworks.see(event)
+        elif event.kind == contract.EVENT_STEP and event.step is not None:
+            self._stepped(event, event.step)
+        elif event.kind == contract.EVENT_EXITED:
+            self.exited.add(event.rank)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -276,6 +300,39 @@ class Attempt:
     def all_called_init(self, plan: LaunchPlan) -> bool:
         return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
 
+    def _stepped(self, event: Event, step: int) -> None:
+        self.steps[event.rank] = step
+        saves = event.record.get("saves_on_stop")
+        if isinstance(saves, bool):  # said in a fit's first step event
+            (self.savers.add if saves else self.savers.discard)(event.rank)
+        every = event.record.get("log_every")
+        if isinstance(every, int) and every > 0:
+            self.log_every = every
+        self.step_times = [*self.step_times[-7:], (time.monotonic(), step)]
+
+    def stop_step(self, ranks: Sequence[int]) -> Optional[int]:
+        """The step every rank of ``ranks`` can still reach and save, when all of them save on
+        a stop request: past the newest step reported, by the steps between two reports and
+        by a second's worth of steps (events arrive late), plus one."""
+        if not ranks or not set(ranks) <= self.savers:
+            return None
+        (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]
+        per_second = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        return max(self.steps.values()) + self.log_every + math.ceil(per_second) + 1
+
+    def failure_point(self, result: JobResult) -> FailurePoint:
+        """Where this attempt failed (its root-cause rank's last step, else its progress
+        count), why, and the newest complete checkpoint now."""
+        rank = result.cause.rank if result.cause else None
+        where: Optional[tuple[str, int]] = None
+        if rank is not None and rank in self.steps:
+            where = ("step", self.steps[rank])
+        elif rank is not None:
+            counts = {s.rank: s.progress.count for s in self.monitor.rank_states()}
+            where = ("count", counts[rank]) if counts.get(rank) else None
+        resume = self.ledger.resume_point() if self.ledger is not None else None
+        return FailurePoint.of(result, where, resume.step if resume else None)
+
     def blame(self, result: JobResult) -> JobResult:
         """``result``, or, when its failed rank was waiting on one that had stopped making
         progress (a communication timeout, say), the hang of that one, with the failure told
@@ -287,6 +344,10 @@ class Attempt:
         stall = stalled_before(self.monitor.rank_states(), cause.rank, cause.time or time.time())
         if stall is None:
             return result
+        if self.hangs is not None:  # the failure came first: say which limit it beat
+            limits = self.hangs.limits
+            stall = dataclasses.replace(stall, timeout=limits.quiet,
+                                        limit=f"{limits.why}, not reached")
         block = describe_stall(stall, self.monitor.job_id)
         consequence = "\n".join("  " + line for line in result.message.splitlines()[:12])
         message = (f"{block}\n  rank {cause.rank}'s failure followed from it (it waited on rank "
@@ -358,8 +419,9 @@ def _own_log_dir(job: Job) -> str:
 
 
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
-            attempt: Attempt) -> JobResult:
+            attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
+    _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -367,7 +429,9 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
-        return run_local(plan, environ, job.node_rank, console, config.console, attempt)
+        stop = StopRequest(plan, attempt, err)
+        return run_local(plan, environ, job.node_rank, console, config.console, attempt,
+                         on_stop=stop)
     prepare_dirs(plan.log_dir)
     mark_storage(plan.log_dir, plan.token)  # before any agent looks for it
     replicas = plan.resume.replicas if plan.resume else {}
@@ -379,6 +443,46 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
         return run_agents(plan, agents, config.console, environ, console, attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    """On a stop signal to a job run here: when every rank's trainer saves on request
+    (``saves_on_stop``), the step they all save and stop at goes into the log directory
+    (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
+    else they are stopped at once, as before."""
+
+    plan: LaunchPlan
+    attempt: "Attempt"
+    err: Optional[TextIO] = None
+
+    def __call__(self, signum: int) -> float:
+        step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
+        if step is None or self.plan.timeouts.kill <= 0:
+            return 0.0
+        path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
+        try:
+            with open(f"{path}.tmp", "w") as f:
+                f.write(f"{step}\n")
+            os.replace(f"{path}.tmp", path)
+        except OSError:
+            return 0.0
+        if self.err is not None:
+            self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
+                           f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
+                           "again to stop at once)\n")
+            self.err.flush()
+        return self.plan.timeouts.kill
+
+    def ranks_stopped(self) -> bool:
+        return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
+
+
+def _clear_stop_request(log_dir: str) -> None:
+    try:
+        os.remove(os.path.join(log_dir, contract.STOP_REQUEST_FILE))
+    except OSError:
+        pass
 
 
 def _write_plan(plan: LaunchPlan) -> None:

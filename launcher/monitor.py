@@ -146,6 +146,9 @@ class JobState:
         ``storage``)."""
         self.attempts: list[dict[str, Any]] = []
         """Each attempt of the job as it ended (``restarts.AttemptRecord``), in order."""
+        self.earlier_attempts: list[dict[str, Any]] = []
+        """The attempts of earlier launches into the same log directory (the same command run
+        again resumes there): kept ahead of this launch's in summary.json."""
         self.global_batch: Optional[int] = None
         """Every rank's batch together, as the ranks' readers last reported it (``data``)."""
 
@@ -188,7 +191,7 @@ class JobState:
                 "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
                 "complete_steps": complete, "checkpoints_sent": dict(self.transferred),
                 "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage,
-                "attempts": list(self.attempts)}
+                "attempts": self.earlier_attempts + list(self.attempts)}
 
     def complete_steps(self) -> list[int]:
         """Steps complete by the ledger's one rule (``parallel.manifest.complete_files``): every
@@ -422,7 +425,11 @@ class JobMonitor:
         self._dirty = False
         self._summary: Optional[dict[str, Any]] = None
         os.makedirs(log_dir, exist_ok=True)
-        self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "w")
+        self._state.earlier_attempts = earlier_attempts(log_dir)
+        self._launch = 1 + max((a.get("launch", 0) for a in self._state.earlier_attempts),
+                               default=-1)
+        # Appended to: a launch into a finished or stopped job's directory continues its history.
+        self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "a")
         self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
                       "ranks": {str(r): h for r, h in sorted(ranks.items())}})
 
@@ -468,7 +475,7 @@ class JobMonitor:
     def attempt_ended(self, record: AttemptRecord) -> None:
         """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
         summary.json's ``attempts``."""
-        entry = record.to_json()
+        entry = {**record.to_json(), "launch": self._launch}
         with self._lock:
             self._state.attempts.append(entry)
             self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry})
@@ -617,3 +624,17 @@ def _terminal_size(stream: TextIO) -> tuple[int, int]:
 
 def _number(value: float) -> str:
     return f"{value:.4g}"
+
+
+def earlier_attempts(log_dir: str) -> list[dict[str, Any]]:
+    """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
+    ``launch``: 0 for the first); none when there is none or it cannot be read."""
+    try:
+        with open(os.path.join(log_dir, SUMMARY_FILE)) as f:
+            attempts = json.load(f).get("attempts")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(attempts, list):
+        return []
+    return [{**a, "launch": a.get("launch", 0) if isinstance(a.get("launch"), int) else 0}
+            for a in attempts if isinstance(a, dict)]

@@ -114,9 +114,10 @@ class Timeouts:
     ``--hang-timeout`` (0: never) and ``--hang-grace``, carried in the plan so agents get them
     with it."""
 
-    kill: float = 5.0
+    kill: float = 10.0
     startup: float = 300.0
-    hang: float = 600.0
+    hang: Optional[float] = None
+    """None: learnt from the job (``stalls.Limits``)."""
     hang_grace: float = 1800.0
 
 
@@ -340,7 +341,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
     if files["compile_cache"]:
         env.update({contract.MS_COMPILER_CACHE_ENABLE: "1",
                     contract.MS_COMPILER_CACHE_PATH: files["compile_cache"]})
-    if config.hang_timeout > 0:
+    if config.hang_timeout != 0:
         env[contract.PROGRESS] = "1"
     if mode is StartMode.DYNAMIC_CLUSTER:
         env.update(_cluster_env(config, inputs, world))

@@ -4,9 +4,14 @@ Progress is what the ranks report: the rank hook's ``progress`` events (``parall
 top-level Cell calls, dataset batches, checkpoint loads, whatever loop the script runs), the
 trainer's ``step`` events, and ``initialised``. ``RankProgress`` folds them, with the launcher's
 clock when each arrived (not the rank's, so clock skew between hosts cannot fake or hide a
-stall). A rank is silent past its limit after ``--hang-timeout`` seconds without progress, or
-``--hang-grace`` while it is in grace: since ``init()`` until its first progress, and since a
-checkpoint load until its next (graph compilation on Ascend can take many minutes).
+stall). A rank is silent past its limit (``Limits``) after ``--hang-timeout`` seconds without
+progress, or, with no ``--hang-timeout`` given, after a limit learnt from the job: 5 x the
+longest quiet interval any rank showed between two progress events, at least 10 s (kept across
+restarts); or ``--hang-grace`` while it is in grace: since ``init()`` until its first progress,
+and since a checkpoint load until its next (graph compilation on Ascend can take many minutes).
+A rank inside a checkpoint save or an evaluation (a ``section``) has the limit of that kind:
+5 x the longest one seen, or the grace while none ended yet; its peers that wait meanwhile are
+not judged while it is within it.
 
 Two ways a hang shows, both judged on node 0 over every rank of every host (``HangCheck``):
 
@@ -28,6 +33,8 @@ result). ``HANG_EXIT_CODE`` (124, as ``timeout(1)``) is the job's exit code for 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 import shutil
@@ -65,15 +72,136 @@ MAX_STACK_TEXT = 64 * 1024
 _SHOWN_FRAMES = 6
 
 
+LEARN_FACTOR = 5.0
+"""The learnt limit is this many times the longest quiet interval seen (NVIDIA's resiliency
+extension uses 5 too)."""
+LEARN_FLOOR = 10.0
+"""Seconds a learnt limit is at least: a progress event may lag its step by half a second
+(``parallel.progress.INTERVAL``), a busy machine stretches a step twofold."""
+LEARN_AFTER = 2
+"""Quiet intervals a rank must have shown before the limit is learnt from them."""
+LEARNT_FILE = "hang_limits.json"
+"""In the log directory: what the hang limits learnt, for the next launch of the same job."""
+DEFAULT_TIMEOUT = 600.0
+"""The limit while nothing is learnt yet (no ``--hang-timeout`` given)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Learnt:
+    """What the job has shown so far: the longest quiet interval between two progress events of
+    one rank outside grace and sections, how many such intervals one rank showed (at most), and
+    the longest section of each kind (a save, an evaluation)."""
+
+    longest: float = 0.0
+    intervals: int = 0
+    sections: tuple[tuple[str, float], ...] = ()
+
+    def merge(self, other: "Learnt") -> "Learnt":
+        kinds = dict(self.sections)
+        for kind, seconds in other.sections:
+            kinds[kind] = max(kinds.get(kind, 0.0), seconds)
+        return Learnt(max(self.longest, other.longest), max(self.intervals, other.intervals),
+                      tuple(sorted(kinds.items())))
+
+    @classmethod
+    def of(cls, progress: Iterable["RankProgress"]) -> "Learnt":
+        learnt = cls()
+        for p in progress:
+            learnt = learnt.merge(cls(p.longest, p.intervals, p.section_longest))
+        return learnt
+
+    def section(self, kind: str) -> Optional[float]:
+        return dict(self.sections).get(kind)
+
+    def save(self, log_dir: str, command: Sequence[str]) -> None:
+        """Keep what was learnt in ``log_dir`` (``LEARNT_FILE``) for the next launch there of
+        the same ``command`` (the script and its arguments): it resumes the same job."""
+        record = {"command": list(command), "longest": self.longest,
+                  "intervals": self.intervals, "sections": dict(self.sections)}
+        try:
+            with open(os.path.join(log_dir, LEARNT_FILE), "w") as f:
+                json.dump(record, f)
+        except OSError:
+            pass
+
+    @classmethod
+    def load(cls, log_dir: str, command: Sequence[str]) -> "Learnt":
+        """What an earlier launch of ``command`` into ``log_dir`` learnt; nothing when it was
+        another command (another job's pace says nothing of this one's) or cannot be read."""
+        try:
+            with open(os.path.join(log_dir, LEARNT_FILE)) as f:
+                record = json.load(f)
+            if record["command"] != list(command):
+                return cls()
+            sections = tuple(sorted((str(k), float(v)) for k, v in record["sections"].items()))
+            learnt = cls(float(record["longest"]), int(record["intervals"]), sections)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return cls()
+        finite = all(map(math.isfinite, [learnt.longest, *dict(sections).values()]))
+        return learnt if finite and learnt.longest >= 0 else cls()
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """``--hang-timeout`` and ``--hang-grace``, in seconds; a timeout of 0 turns detection off."""
+    """``--hang-timeout`` (None: not given, learnt from the job; 0 turns detection off) and
+    ``--hang-grace``, in seconds, with what the job has shown so far (``learning``).
 
-    timeout: float
+    Learnt: ``LEARN_FACTOR`` x the longest quiet interval, at least ``LEARN_FLOOR``, once a rank
+    showed ``LEARN_AFTER`` intervals (``DEFAULT_TIMEOUT`` before). A rank in grace gets the
+    grace; a rank inside a section (a save, an evaluation) gets ``LEARN_FACTOR`` x the longest
+    section of that kind seen, at least the step limit, or the grace while none ended yet."""
+
+    timeout: Optional[float]
     grace: float
+    learnt: Learnt = Learnt()
+
+    @property
+    def on(self) -> bool:
+        return self.timeout is None or self.timeout > 0
+
+    @property
+    def quiet(self) -> float:
+        """The limit in force between two progress events, in seconds."""
+        if self.timeout is not None:
+            return self.timeout
+        if self.learnt.intervals < LEARN_AFTER:
+            return DEFAULT_TIMEOUT
+        return max(LEARN_FLOOR, LEARN_FACTOR * self.learnt.longest)
+
+    @property
+    def why(self) -> str:
+        """The limit and where it comes from, for the message that names a hang."""
+        if self.timeout is not None:
+            return f"--hang-timeout {self.timeout:g}"
+        if self.learnt.intervals < LEARN_AFTER:
+            return (f"limit {DEFAULT_TIMEOUT:g} s, the default: fewer than {LEARN_AFTER} "
+                    "intervals seen to learn from")
+        return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
+                f"{_seconds(self.learnt.longest, 2)} s longest interval, floor {LEARN_FLOOR:g} s")
+
+    def learning(self, learnt: Learnt) -> "Limits":
+        return dataclasses.replace(self, learnt=self.learnt.merge(learnt))
 
     def of(self, progress: "RankProgress") -> float:
-        return max(self.grace, self.timeout) if progress.in_grace else self.timeout
+        if progress.in_grace:
+            return max(self.grace, self.quiet)
+        if progress.section:
+            seen = self.learnt.section(progress.section)
+            return self.grace if seen is None else max(self.quiet, LEARN_FACTOR * seen)
+        return self.quiet
+
+    def why_for(self, progress: "RankProgress") -> str:
+        """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
+        if progress.in_grace and self.grace > self.quiet:
+            return f"--hang-grace {self.grace:g}: compiling"
+        if progress.section and not progress.in_grace:
+            return f"limit {_seconds(self.of(progress))} s inside a {progress.section}"
+        return self.why
+
+
+def _seconds(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, whole from 100 on (never ``1e+03``)."""
+    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
 
 
 @dataclasses.dataclass
@@ -81,29 +209,65 @@ class RankProgress:
     """One rank's progress in this attempt, as the launcher saw its events arrive."""
 
     since: Optional[float] = None
-    """Last progress: ``initialised``, a step, a higher count, a checkpoint load."""
+    """Last progress: ``initialised``, a step, a higher count, a checkpoint load, a section's
+    start or end."""
     stepped_at: Optional[float] = None
-    """Last step or higher count (not ``initialised``, not a load)."""
+    """Last step or higher count outside a section (not ``initialised``, not a load)."""
     count: int = 0
     busy: bool = False
     loads: int = 0
     in_grace: bool = True
+    section: str = ""
+    """``save`` or ``eval`` while the rank is inside one, else ""."""
+    section_since: float = 0.0
+    sections: int = 0
+    grace_count: int = 0
+    """The count when the grace began: it lasts until the count is 2 higher (a first batch is
+    fetched before the step that compiles), a ``first-step`` or a ``step``."""
+    longest: float = 0.0
+    """The longest quiet interval ended by a step or a count, outside grace and sections."""
+    intervals: int = 0
+    section_longest: tuple[tuple[str, float], ...] = ()
 
     def observe(self, event: Event, now: float) -> None:
         kind = event.kind
         if kind == contract.EVENT_INITIALISED:
             self.since = self.since or now
         elif kind == contract.EVENT_STEP:
-            self.since = self.stepped_at = now
-            self.in_grace = False
+            self._stepped(now)
+        elif kind == contract.EVENT_FIRST_STEP and self.in_grace:
+            self.since, self.in_grace = now, False
         elif kind == contract.EVENT_PROGRESS:
             self.busy = bool(event.busy)
+            self._section(event.section or "", event.sections or 0, now)
             if event.loads is not None and event.loads > self.loads:
                 self.loads, self.since, self.in_grace = event.loads, now, True
+                self.grace_count = max(self.count, event.count or 0)
             elif event.count is not None and event.count > self.count:
-                self.since = self.stepped_at = now
-                self.in_grace = False
+                if self.section or (self.in_grace and event.count < self.grace_count + 2):
+                    self.since = now
+                else:
+                    self._stepped(now)
             self.count = max(self.count, event.count or 0)
+
+    def _stepped(self, now: float) -> None:
+        if not self.in_grace and self.since is not None:
+            self.longest = max(self.longest, now - self.since)
+            self.intervals += 1
+        self.since = self.stepped_at = now
+        self.in_grace = False
+
+    def _section(self, section: str, sections: int, now: float) -> None:
+        """A section began or ended (one that began and ended between two events shows only
+        in ``sections``: it was short)."""
+        if section == self.section and sections == self.sections:
+            return
+        if self.section and not self.in_grace:
+            kinds = dict(self.section_longest)
+            kinds[self.section] = max(kinds.get(self.section, 0.0), now - self.section_since)
+            self.section_longest = tuple(sorted(kinds.items()))
+        self.section, self.sections, self.section_since = section, sections, now
+        self.since = now
 
 
 class Progress(Protocol):
@@ -139,6 +303,9 @@ class Stall:
     how: str = ""
     framework: str = ""
     """Where the waiting ranks wait, if their stacks say: ``MindSpore`` or ``torch``."""
+    limit: str = ""
+    """The limit that was passed and where it came from (``Limits.why``); "" when the hang was
+    found from a failure it caused, before any limit passed."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
@@ -147,9 +314,10 @@ def describe_stall(stall: Stall, job_id: str) -> str:
         where = (f"at step {stall.last_step}" if stall.last_step is not None
                  else "before its first step")
         head = (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled "
-                f"{where}: no progress for {stall.silent_for:.0f} s while other ranks advanced")
+                f"{where}: no progress for {stall.silent_for:.0f} s while other ranks advanced"
+                + (f" ({stall.limit})" if stall.limit else ""))
     else:
-        window = f"{stall.silent_for:.0f} s (--hang-timeout {stall.timeout:g})"
+        window = f"{stall.silent_for:.0f} s" + (f" ({stall.limit})" if stall.limit else "")
         if stall.rank is None:
             head = (f"npu-launch: job {job_id} stopped: no rank made progress for {window}; "
                     f"every rank waits inside {stall.framework or 'a step'}")
@@ -175,13 +343,14 @@ def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optiona
     went on for at least half the timeout after it went quiet (ranks of a synchronous job that
     all stop together stop a hair apart: that is every rank silent, not one falling behind)."""
     states = list(ranks)
+    quiet = limits.quiet
     recent = [s for s in states if s.progress.stepped_at is not None
-              and now - s.progress.stepped_at <= limits.timeout]
+              and now - s.progress.stepped_at <= quiet]
 
     def behind(s: Progress) -> bool:
         since = s.progress.since
         return since is not None and any(
-            r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > limits.timeout / 2
+            r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > quiet / 2
             for r in recent)
 
     silent = [(s.progress.since, s.rank, s) for s in states
@@ -190,7 +359,8 @@ def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optiona
     if not silent:
         return None
     since, _, worst = min(silent, key=lambda item: item[:2])
-    return Stall(worst.rank, worst.host, worst.step, now - since, timeout=limits.timeout)
+    return Stall(worst.rank, worst.host, worst.step, now - since,
+                 timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +411,9 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
     first = by_rank[guilty[0]] if guilty else None
     return Stall(rank=first.rank if first else None, host=first.host if first else states[0].host,
                  last_step=first.step if first else None, silent_for=now - since,
-                 others_advanced=False, timeout=limits.timeout, also=tuple(guilty[1:]),
+                 others_advanced=False, timeout=limits.quiet, also=tuple(guilty[1:]),
                  waiting=tuple(waiting), how=how,
+                 limit=limits.why_for(first.progress) if first else limits.why,
                  stacks=tuple((r, stacked[r].frames) for r in shown[:4] if r in stacked),
                  framework=framework)
 
@@ -250,12 +421,13 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
 class HangCheck:
     """Node 0's hang check over the job's rank states (``states``, the monitor's), called every
     tick; ``sample`` takes the stacks a node sent. ``first`` is the first stall seen
-    (``summary.json`` keeps it); ``begin_attempt`` forgets the last attempt's."""
+    (``summary.json`` keeps it); ``begin_attempt`` forgets the last attempt's, not what the
+    limits learnt (``limits``: kept across restarts, as the ranks do the same work again)."""
 
     def __init__(self, states: Callable[[], Iterable[Progress]], limits: Limits,
                  clock: Callable[[], float] = time.time) -> None:
         self._states = states
-        self._limits = limits
+        self.limits = limits
         self._clock = clock
         self._next_check = 0.0
         self._due: Optional[float] = None
@@ -275,18 +447,20 @@ class HangCheck:
         now = self._clock()
         if self._stall is None and now >= self._next_check:
             self._next_check = now + _CHECK_INTERVAL
-            self._stall = self._check(list(self._states()), now)
+            states = list(self._states())
+            self.limits = self.limits.learning(Learnt.of(s.progress for s in states))
+            self._stall = self._check(states, now)
             if self._due is not None:  # awaiting the nodes' stacks: look again soon
                 self._next_check = min(self._next_check, now + 0.05)
             self.first = self.first or self._stall
         return self._stall
 
     def _check(self, states: list[Progress], now: float) -> Optional[Stall]:
-        behind = find_stall(states, now, self._limits)
+        behind = find_stall(states, now, self.limits)
         if behind is not None:
             return behind
         live = [s for s in states if not s.done and s.progress.since is not None]
-        if not live or any(now - (s.progress.since or now) <= self._limits.of(s.progress)
+        if not live or any(now - (s.progress.since or now) <= self.limits.of(s.progress)
                            for s in live):
             self._due = None
             return None
@@ -296,10 +470,10 @@ class HangCheck:
         if len(fresh.keys() & {s.rank for s in live}) < len(live) \
                 and now - self._due < _EVIDENCE_WAIT:
             return None
-        stall = judge(live, fresh, now, self._limits)
+        stall = judge(live, fresh, now, self.limits)
         if stall.rank is None and not stall.waiting:
             # Nobody waits inside a framework, so nobody waits on anybody: look again later.
-            self._due, self._next_check = None, now + self._limits.timeout
+            self._due, self._next_check = None, now + self.limits.quiet
             return None
         return stall
 
@@ -350,11 +524,12 @@ class StallWatch:
     def due(self, running: Sequence[int], now: float) -> bool:
         if not running or now < self._next_check:
             return False
+        self.limits = self.limits.learning(Learnt.of(self._progress.values()))
         progress = [self._progress.get(r) for r in running]
         if any(p is None or p.since is None or now - p.since <= self.limits.of(p)
                for p in progress):
             return False
-        self._next_check = now + self.limits.timeout
+        self._next_check = now + self.limits.quiet
         return True
 
 

@@ -27,7 +27,7 @@ from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
 from launcher.stalls import Limits, StackSample, Stacks, StallWatch, sample_stacks
-from launcher.watch import Reporter, Watch
+from launcher.watch import Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event
 
@@ -63,7 +63,7 @@ class LocalRanks:
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
         limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
         # Nobody sits at a pdb prompt against a clock (``--debug``).
-        self._stalls = StallWatch(limits) if plan.timeouts.hang > 0 and not plan.foreground \
+        self._stalls = StallWatch(limits) if limits.on and not plan.foreground \
             else None
         self._finish = threading.Event()
         self._wake = threading.Event()
@@ -238,10 +238,11 @@ class LocalRanks:
 
 
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
-              console_filter: ConsoleFilter, reporter: Reporter) -> JobResult:
-    """Run this node's share of ``plan`` here until it ends."""
+              console_filter: ConsoleFilter, reporter: Reporter,
+              on_stop: Optional[StopHook] = None) -> JobResult:
+    """Run this node's share of ``plan`` here until it ends; ``on_stop``: see ``Watch``."""
     ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
-    return Watch(plan, ranks, ranks.group(), reporter.tick).run()
+    return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop).run()
 
 
 def _remove_stale(spec: ProcessSpec) -> None:

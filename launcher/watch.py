@@ -9,6 +9,7 @@ processes ended the job, and how (the root cause).
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from launcher.failures import Cause, JobResult, Outcome, stall_cause
 from launcher.plan import LaunchPlan
 from launcher.process import Exit, ProcessGroup
 from launcher.stalls import HANG_EXIT_CODE, Stall, describe_stall
+from parallel import contract
 from parallel.contract import Event
 
 _TICK = 0.02
@@ -35,6 +37,24 @@ class Reporter(Protocol):
 
     def tick(self) -> Optional[Stall]:
         """Called every tick: redraw, and say whether a rank fell behind the others."""
+
+
+class StopHook(Protocol):
+    """What a stop signal does before the processes are stopped (``launch.StopRequest``)."""
+
+    def __call__(self, signum: int) -> float:
+        """The seconds the ranks get to save a checkpoint and exit on their own (0: none)."""
+
+    def ranks_stopped(self) -> bool:
+        """Every rank exited: nothing to wait for."""
+
+
+class _NoSave:
+    def __call__(self, signum: int) -> float:
+        return 0.0
+
+    def ranks_stopped(self) -> bool:
+        return False
 
 
 class Watched(Protocol):
@@ -69,7 +89,7 @@ class Watch:
 
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
                  tick: Callable[[], Optional[Stall]] = lambda: None,
-                 interval: float = _TICK) -> None:
+                 interval: float = _TICK, on_stop: Optional[StopHook] = None) -> None:
         self._plan = plan
         self._source = source
         self._group = group
@@ -78,6 +98,10 @@ class Watch:
         """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
         short)."""
         self._signal: Optional[int] = None
+        self._on_stop: StopHook = on_stop or _NoSave()
+        """Called once on a stop signal: the seconds the ranks get to save and exit on their
+        own (0: stop them now)."""
+        self._stop_by: Optional[float] = None
         self._wake = threading.Event()
         self._stall: Optional[Stall] = None
 
@@ -89,6 +113,7 @@ class Watch:
             outcome = self._loop()
             self._source.before_close(self._group, outcome)
         finally:
+            _no_save(self._plan.log_dir)
             closed = self._group.close(self._plan.timeouts.kill)
             restore_signal_handlers(previous)
         self._source.after_close(closed)
@@ -98,20 +123,29 @@ class Watch:
         """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
         if self._signal is None:
             self._signal = signum
+        else:  # a second signal: stop now, saved or not
+            self._stop_by = 0.0
         self._wake.set()
 
     def _loop(self) -> Outcome:
         while True:
-            if self._signal is not None:
+            if self._signal is not None and self._stopping():
                 return Outcome.INTERRUPTED
             outcome = self._source.check(self._group, self._group.poll())
             if outcome is not None:
-                return outcome
+                return Outcome.INTERRUPTED if self._signal is not None else outcome
             self._stall = self._tick()
             if self._stall is not None:
                 return Outcome.STALLED
             self._wake.wait(self._interval)
             self._wake.clear()
+
+    def _stopping(self) -> bool:
+        """Whether to stop the processes now that a stop signal came: at once, or once the time
+        the ranks were given to save a checkpoint and exit on their own (``on_stop``) is up."""
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + self._on_stop(self._signal or 0)
+        return time.monotonic() >= self._stop_by or self._on_stop.ranks_stopped()
 
     def _result(self, outcome: Outcome, elapsed: float) -> JobResult:
         job, now = self._plan.job_id, time.time()
@@ -142,6 +176,18 @@ class Watch:
 
 SignalHandlers = dict[signal.Signals, Any]
 """What ``signal.signal`` returned for each signal, to put back when the job ends."""
+
+
+def _no_save(log_dir: str) -> None:
+    """Tell ranks that get a stop signal now that no save comes: they die at once
+    (``parallel.preemption``; a save asked for is made or given up by now)."""
+    path = os.path.join(log_dir, contract.STOP_REQUEST_FILE)
+    try:
+        with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+            f.write(contract.STOP_NO_SAVE + "\n")
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    except OSError:
+        pass
 
 
 def restore_signal_handlers(previous: SignalHandlers) -> None:

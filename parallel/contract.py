@@ -176,7 +176,16 @@ EVENT_LAYOUT = "layout"
 """Sent by ``parallel.init()``: the world size, the parallel layout and this rank's place in it,
 and ``exec_mode``."""
 EVENT_STEP = "step"
-"""The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``."""
+"""The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``,
+``log_every`` (steps between two of these events) and ``saves_on_stop`` (true when the trainer
+saves a checkpoint: it then obeys ``STOP_REQUEST_FILE``)."""
+STOP_REQUEST_FILE = "stop_request"
+"""Written by node 0 into the log directory (``LOG_DIR``) when npu-launch is told to stop
+(SIGTERM, SIGINT, SIGHUP) and every rank said ``saves_on_stop``: one line, the step at which
+every rank saves a checkpoint and exits 0 (a rank past it saves the step it is at); or
+``STOP_NO_SAVE``, written as the job's processes are stopped without a save, so that a rank
+that got the stop signal itself dies at once (``parallel.preemption``)."""
+STOP_NO_SAVE = "none"
 EVENT_EVAL = "eval"
 """The trainer's held-out evaluation: ``epoch`` (epochs completed), ``step``, ``loss``,
 ``accuracy`` (null without class labels) and ``samples``."""
@@ -194,7 +203,11 @@ of the first step (graph compilation), for the start-up breakdown (``launcher.st
 EVENT_PROGRESS = "progress"
 """The rank hook's view of training progress (``parallel.progress``), sent at most twice a second
 and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
-``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far)."""
+``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far); ``section``
+(``save`` or ``eval`` while the main thread is inside a checkpoint save or an evaluation, else
+"") and ``sections`` (saves and evaluations completed so far): judged by a limit of their own."""
+SECTION_SAVE = "save"
+SECTION_EVAL = "eval"
 EVENT_STACK = "stack"
 """Not sent by the rank: its supervisor's sample of the rank's stacks when the rank went silent
 (``launcher.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
@@ -257,6 +270,8 @@ class Event:
     busy: Optional[bool] = None
     loads: Optional[int] = None
     name: Optional[str] = None
+    section: Optional[str] = None
+    sections: Optional[int] = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -280,7 +295,8 @@ class Event:
 _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,
            "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
            "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text,
-           "count": _whole, "busy": _flag, "loads": _whole, "name": _text}
+           "count": _whole, "busy": _flag, "loads": _whole, "name": _text, "section": _text,
+           "sections": _whole}
 """How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.

@@ -9,7 +9,10 @@ Three places every MindSpore training loop passes through are counted, on the ma
 * the next batch of a MindSpore dataset iterator (``create_tuple_iterator``,
   ``create_dict_iterator``), which also covers loops around a bare ``@jit`` function;
 * a checkpoint load (``load_checkpoint``, ``load_param_into_net``), after which the launcher
-  allows the longer first-step grace again (a recompilation may follow).
+  allows the longer first-step grace again (a recompilation may follow);
+* a checkpoint save (``save_checkpoint``) or an evaluation (``Model.eval``): a ``section`` of its
+  own kind while the main thread is inside, which the launcher judges by a limit of its own (one
+  rank that saves or evaluates alone is not a rank that hangs).
 
 In a torch script the same three are a top-level ``Module`` call (a forward), a top-level
 ``Tensor.backward`` (DDP's gradient all-reduce runs inside it) or ``torch.distributed``
@@ -48,6 +51,8 @@ class _Counters:
         self.calls = 0
         self.batches = 0
         self.loads = 0
+        self.section = ""
+        self.sections = 0
         self.reporter: "threading.Thread | None" = None
 
 
@@ -102,10 +107,31 @@ def counting_load(real: Callable[..., Any]) -> Callable[..., Any]:
     return functools.update_wrapper(load, real)
 
 
-def snapshot(state: Optional[_Counters] = None) -> tuple[int, bool, int]:
-    """(count, busy, loads) now."""
+def in_section(kind: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    """``save_checkpoint`` (``kind`` ``save``) or ``Model.eval`` (``eval``): the main thread is in
+    a section of that kind until it returns (the outermost one counts: a save inside an
+    evaluation is part of it)."""
+    state = _state
+    get_ident = threading.get_ident
+
+    def section(*args: Any, **kwargs: Any) -> Any:
+        if state.section or get_ident() != state.main:
+            return real(*args, **kwargs)
+        state.section = kind
+        _ensure_reporter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            state.section = ""
+            state.sections += 1
+    return functools.update_wrapper(section, real)
+
+
+def snapshot(state: Optional[_Counters] = None) -> tuple[int, bool, int, str, int]:
+    """(count, busy, loads, section, sections) now."""
     state = state or _state
-    return state.calls + state.batches, state.depth > 0, state.loads
+    return (state.calls + state.batches, state.depth > 0, state.loads, state.section,
+            state.sections)
 
 
 def _ensure_reporter() -> None:
@@ -121,7 +147,8 @@ def _report(state: _Counters) -> None:
     while True:
         now = snapshot(state)
         if now != sent:
-            count, busy, loads = now
-            events.emit(contract.EVENT_PROGRESS, count=count, busy=busy, loads=loads)
+            count, busy, loads, section, sections = now
+            events.emit(contract.EVENT_PROGRESS, count=count, busy=busy, loads=loads,
+                        section=section, sections=sections)
             sent = now
         wake.wait(INTERVAL)

@@ -9,9 +9,10 @@
   torch (a MindSpore one starts the job's scheduler: a torch job runs none), and ``initialised``
   when MindSpore's communication ``init()`` returns, which is how the launcher tells a rank
   stuck before ``init()``.
-* Progress events (``parallel.progress``): top-level ``Cell`` calls, dataset batches and
-  checkpoint loads (torch: ``Module`` calls, ``backward``, collectives, ``DataLoader`` batches),
-  counted for the launcher's hang check whatever loop the script runs.
+* Progress events (``parallel.progress``): top-level ``Cell`` calls, dataset batches,
+  checkpoint loads, and checkpoint saves and ``Model.eval`` (sections of their own kind);
+  torch's ``Module`` calls, ``backward``, collectives and ``DataLoader`` batches: counted for
+  the launcher's hang check whatever loop the script runs.
 * The framework functions behind both are wrapped by an import hook as their modules load
   (``_MODULE_HOOKS``, ``_TORCH_HOOKS``), so a script pays only for what it imports.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
@@ -258,6 +259,15 @@ def _patch_serialization(module: Any) -> None:
     for name in ("load_checkpoint", "load_param_into_net"):
         if hasattr(module, name):
             setattr(module, name, progress.counting_load(getattr(module, name)))
+    _patch_saves(module)
+
+
+def _patch_saves(module: Any) -> None:
+    module.save_checkpoint = progress.in_section(contract.SECTION_SAVE, module.save_checkpoint)
+
+
+def _patch_model(module: Any) -> None:
+    module.Model.eval = progress.in_section(contract.SECTION_EVAL, module.Model.eval)
 
 
 def _patch_module_call(module: Any) -> None:
@@ -306,6 +316,7 @@ _MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
     "mindspore.nn.cell": _patch_cell,
     "mindspore.dataset.engine.iterators": _patch_iterators,
     "mindspore.train.serialization": _patch_serialization,
+    "mindspore.train.model": _patch_model,
 }
 
 

@@ -21,6 +21,7 @@ import enum
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence, Union
@@ -30,7 +31,7 @@ import numpy as np
 from mindspore import nn
 
 from parallel import contract
-from parallel import amp, checkpoint, events
+from parallel import amp, checkpoint, events, preemption
 from parallel.config import ExecMode
 from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,
                                   NetWithLoss, RowGather, ScaledLoss, TrainStep)
@@ -287,6 +288,8 @@ class Trainer:
         self.resumed_from: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
+        self._stop_file = preemption.stop_file()
+        self._stop_step: Optional[int] = None
         self._pending_manifests: set[int] = set()
         self._confirmed_steps: list[int] = []
         self._gather: Optional[RowGather] = None
@@ -379,7 +382,8 @@ class Trainer:
         self._check_replicas()
         for callback in self.callbacks:
             callback.on_fit_start(self)
-        self._train(run, epochs, max_steps)
+        with preemption.deferred_sigterm(self._stop_file):
+            self._train(run, epochs, max_steps)
         return self._finish(run)
 
     def _train(self, run: _Run, epochs: int, max_steps: Optional[int]) -> None:
@@ -456,6 +460,26 @@ class Trainer:
         every = self.options.ckpt_every_steps
         if every and step % every == 0:
             self._save(run)
+        if self._stop_at(step):
+            self._save(run)
+            print(f"npu-launch trainer: rank {self.rank} saved step {step} and stops, as asked",
+                  flush=True)
+            sys.stderr.flush()
+            # Every rank stops at this step: MindSpore's exit handlers would wait seconds on
+            # the cluster's finalisation that the launcher's --kill-timeout needs for the save.
+            os._exit(0)
+
+    def _stop_at(self, step: int) -> bool:
+        """Whether npu-launch asked every rank to save and stop at ``step`` or before
+        (``contract.STOP_REQUEST_FILE``; one ``stat`` a step until it exists)."""
+        if self._stop_step is None:
+            if not self._stop_file or not os.path.exists(self._stop_file):
+                return False
+            word = preemption.read_word(self._stop_file)
+            if word is None or not word.isdigit():  # being written, or no save: not now
+                return False
+            self._stop_step = int(word)
+        return step >= self._stop_step and self.options.ckpt_dir is not None
 
     def _step_callbacks(self, run: _Run) -> None:
         info = StepInfo(self.position.global_step, self.position.epoch,
@@ -466,7 +490,9 @@ class Trainer:
 
     def _emit_step(self, run: _Run) -> None:
         self._count_skipped(run)
-        mode = {} if run.mode_reported else {"exec_mode": run.exec_mode.value}
+        mode = {} if run.mode_reported else {
+            "exec_mode": run.exec_mode.value, "log_every": self.options.log_every,
+            "saves_on_stop": self.options.ckpt_dir is not None}
         run.mode_reported = True
         events.emit(contract.EVENT_STEP, step=self.position.global_step, epoch=self.position.epoch,
                     loss=float(run.last_loss.asnumpy()), samples_per_s=run.meter.rate(),

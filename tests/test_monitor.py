@@ -308,13 +308,15 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0, behind=behind) is None  # silent 30 s: not yet
     clock.now = 42.5
     stall = behind()
-    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30)
+    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30,
+                          limit="--hang-timeout 30")
     assert describe_stall(stall, "job-1") == (
         "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
-        "30 s while other ranks advanced")
+        "30 s while other ranks advanced (--hang-timeout 30)")
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
-        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "", "framework": ""}
+        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "",
+        "limit": "--hang-timeout 30", "framework": ""}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
@@ -323,7 +325,8 @@ def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -
     behind = HangCheck(monitor.rank_states, Limits(20, 20), clock)
     initialise(monitor, clock)
     stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
-    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20)
+    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20,
+                          limit="--hang-timeout 20")
     assert "stalled before its first step" in describe_stall(stall, "job-1")
 
 
@@ -622,3 +625,30 @@ def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
     stall = run_steps(monitor, clock, (0, 1, 3), clock.now + 1, clock.now + 20, behind=behind)
     assert stall is not None and stall.rank == 2
     assert behind.first is not None and behind.first.rank == 2
+
+
+def test_a_launch_into_an_earlier_jobs_directory_continues_its_history(weird_tmp: Path) -> None:
+    """The same command run again (a resume after a stop) keeps summary.json's attempts and
+    metrics.jsonl's records of the earlier launch and adds its own after them."""
+    from launcher.failures import JobResult, Outcome
+    from launcher.restarts import AttemptRecord
+    from parallel.contract import Event
+    stopped = JobResult(Outcome.INTERRUPTED, 143, "stopped", 20.0)
+    for launch, (result, step) in enumerate(((stopped, 30), (JobResult(Outcome.SUCCEEDED, 0,
+                                                                          "", 50.0), 60))):
+        clock = FakeClock(10.0 + 40 * launch)
+        monitor = make_monitor(weird_tmp, clock)
+        monitor.on_event(Event.parse({"event": "step", "rank": 0, "host": "node a",
+                                      "step": step, "time": clock.now}))
+        monitor.attempt_ended(AttemptRecord.of(0, clock.now, result, 30 if launch else None,
+                                               ["node a"], 4, 0.0, ()))
+        summary = monitor.close(result.outcome.value, result.exit_code)
+    assert [(a["launch"], a["outcome"], a["exit_code"], a["resumed_from"])
+            for a in summary["attempts"]] == [(0, "interrupted", 143, None),
+                                              (1, "succeeded", 0, 30)]
+    saved = json.loads((weird_tmp / "summary.json").read_text())
+    assert saved["attempts"] == summary["attempts"] and saved["outcome"] == "succeeded"
+    records = metrics(weird_tmp)
+    assert [r["event"] for r in records if r["event"] in ("job", "attempt")] == [
+        "job", "attempt", "job", "attempt"]
+    assert [r["step"] for r in records if r["event"] == "step"] == [30, 60]

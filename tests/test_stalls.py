@@ -10,8 +10,8 @@ from typing import Optional
 
 import pytest
 
-from launcher.stalls import (HangCheck, Limits, RankProgress, StackSample, find_stall, judge,
-                             stalled_before)
+from launcher.stalls import (HangCheck, Learnt, Limits, RankProgress, StackSample,
+                             describe_stall, find_stall, judge, stalled_before)
 from parallel import contract, progress
 from parallel.contract import Event
 
@@ -58,12 +58,18 @@ def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
     assert (p.since, p.in_grace, LIMITS.of(p)) == (1.0, True, 100.0)
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=0, busy=True, loads=0), 5.0)
     assert (p.since, p.in_grace, p.busy) == (1.0, True, True), "entering a call is no progress"
-    p.observe(Event(contract.EVENT_PROGRESS, 0, count=1, busy=False, loads=0), 6.0)
-    assert (p.since, p.in_grace, LIMITS.of(p)) == (6.0, False, 10.0)
+    p.observe(Event(contract.EVENT_PROGRESS, 0, count=1, busy=True, loads=0), 6.0)
+    assert (p.since, p.in_grace) == (6.0, True), "a first batch, fetched before the compile"
+    p.observe(Event(contract.EVENT_PROGRESS, 0, count=2, busy=False, loads=0), 6.5)
+    assert (p.since, p.in_grace, LIMITS.of(p), p.intervals) == (6.5, False, 10.0, 0)
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=3, busy=False, loads=1), 7.0)
     assert (p.since, p.in_grace) == (7.0, True)
     p.observe(Event(contract.EVENT_STEP, 0, step=4), 8.0)
     assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False)
+    q = RankProgress()
+    q.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
+    q.observe(Event(contract.EVENT_FIRST_STEP, 0), 9.0)
+    assert (q.since, q.in_grace, q.intervals) == (9.0, False, 0), "the end of the compile"
 
 
 def test_a_rank_in_grace_is_not_flagged_while_others_advance() -> None:
@@ -200,7 +206,7 @@ def test_only_the_main_threads_top_level_calls_count(counted) -> None:
     assert outer(inner) == "result"
     with pytest.raises(ValueError, match="inside the cell"):
         outer(fail=True)
-    assert progress.snapshot() == (2, False, 0) and Cell.calls == 3
+    assert progress.snapshot()[:3] == (2, False, 0) and Cell.calls == 3
     worker = threading.Thread(target=outer)
     worker.start()
     worker.join()
@@ -243,3 +249,145 @@ def test_ranks_that_stop_a_hair_apart_are_not_one_falling_behind() -> None:
     see(states[1], contract.EVENT_PROGRESS, 11.0, count=9, busy=False, loads=0)
     stall = find_stall(states, 15.2, LIMITS)
     assert stall is not None and stall.rank == 0, "rank 1 went on for 6 s after rank 0 stopped"
+
+
+# Limits learnt from the job --------------------------------------------------------------------
+
+LEARNING = Limits(timeout=None, grace=100.0)
+
+
+def steps_every(states: list[State], start: float, interval: float, count: int,
+                ranks: Optional[tuple[int, ...]] = None) -> float:
+    """Every rank of ``ranks`` (all) makes progress ``count`` times, ``interval`` apart, from
+    ``start`` on; returns when the last came."""
+    at = start
+    for n in range(count):
+        at = start + n * interval
+        for s in states:
+            if ranks is None or s.rank in ranks:
+                see(s, contract.EVENT_PROGRESS, at, count=s.progress.count + 1, busy=False,
+                    loads=0)
+    return at
+
+
+def test_the_limit_is_learnt_from_the_longest_quiet_interval_with_a_floor() -> None:
+    states = stepping(2, until=1.0, count=1)
+    assert Limits(None, 100.0).learning(Learnt.of(s.progress for s in states)).quiet == 600.0, \
+        "nothing learnt yet: the default"
+    steps_every(states, 1.5, 0.5, 6)
+    see(states[0], contract.EVENT_PROGRESS, 5.9, count=99, busy=False, loads=0)  # 1.9 s quiet
+    learnt = LEARNING.learning(Learnt.of(s.progress for s in states))
+    assert (learnt.learnt.longest, learnt.quiet) == (pytest.approx(1.9), 10.0), "the floor"
+    assert learnt.why == "limit 10 s learnt: 5 x 1.9 s longest interval, floor 10 s"
+    see(states[0], contract.EVENT_PROGRESS, 8.9, count=100, busy=False, loads=0)  # 3 s quiet
+    learnt = learnt.learning(Learnt.of(s.progress for s in states))
+    assert learnt.quiet == pytest.approx(15.0)
+    assert Limits(30.0, 100.0).learning(learnt.learnt).why == "--hang-timeout 30", \
+        "--hang-timeout fixes the limit"
+    assert not Limits(0.0, 100.0).on and Limits(None, 1.0).on
+
+
+def test_a_hang_is_named_by_the_learnt_limit_which_the_message_names() -> None:
+    """Sub-second steps, then rank 1 stops outside a step while rank 0 waits inside one: named
+    once the learnt limit (the floor here) passed, not after the 600 s default."""
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
+    last = steps_every(states, 1.2, 0.2, 40)
+    see(states[0], contract.EVENT_PROGRESS, last + 0.1, count=50, busy=True, loads=0)
+    now[0] = last + 9.0
+    assert check() is None and check.limits.quiet == 10.0
+    now[0] = last + 10.6
+    check()
+    now[0] = last + 12.7  # the stacks never came: judged without them
+    stall = check()
+    assert stall is not None and (stall.rank, stall.how) == (1, "it is not inside a step")
+    assert stall.limit == "limit 10 s learnt: 5 x 0.2 s longest interval, floor 10 s"
+    assert "(limit 10 s learnt: 5 x 0.2 s longest interval, floor 10 s)" in \
+        describe_stall(stall, "j")
+
+
+def test_what_was_learnt_is_kept_across_restarts() -> None:
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
+    steps_every(states, 2.0, 3.0, 5)
+    now[0] = 14.0
+    check()
+    check.begin_attempt()
+    states[:] = stepping(2, until=20.0, count=1)  # the restarted ranks: nothing shown yet
+    now[0] = 21.0
+    assert check() is None and check.limits.quiet == pytest.approx(15.0)
+
+
+def test_a_rank_saving_or_evaluating_alone_is_no_hang() -> None:
+    """Rank 0 saves for 40 s (the first save: the grace), then evaluates with progress inside;
+    rank 1 waits inside its next step all along. Neither is named; a later save that takes
+    far longer than the saves seen before is."""
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
+    last = steps_every(states, 1.2, 0.2, 20)
+    see(states[1], contract.EVENT_PROGRESS, last + 0.1, count=states[1].progress.count,
+        busy=True, loads=0)
+    see(states[0], contract.EVENT_PROGRESS, last, count=states[0].progress.count,
+        busy=False, loads=0, section="save", sections=0)
+    for t in range(5, 45, 2):
+        now[0] = last + t
+        check.sample(StackSample(0, IN_SLEEP))
+        check.sample(StackSample(1, IN_MINDSPORE))
+        assert check() is None, f"a first save of {t} s"
+    see(states[0], contract.EVENT_PROGRESS, last + 45, count=states[0].progress.count,
+        busy=False, loads=0, section="eval", sections=1)
+    for t in range(46, 90, 2):  # an evaluation: batches go on, rank 1 still waits
+        see(states[0], contract.EVENT_PROGRESS, last + t, count=states[0].progress.count + 1,
+            busy=False, loads=0, section="eval", sections=1)
+        now[0] = last + t + 1
+        assert check() is None, f"evaluating for {t - 45} s"
+    assert find_stall(states, now[0], check.limits) is None, "eval batches are not steps"
+    end = last + 90
+    see(states[0], contract.EVENT_PROGRESS, end, count=states[0].progress.count,
+        busy=False, loads=0, section="save", sections=2)
+    assert dict(states[0].progress.section_longest) == {"save": 45.0, "eval": 45.0}
+    now[0] = end + 200.0  # 5 x 45 s since the save began: within its limit
+    check()
+    assert check.limits.of(states[0].progress) == 225.0 and check() is None
+    now[0] = end + 230.0
+    check.sample(StackSample(0, IN_SLEEP))
+    check.sample(StackSample(1, IN_MINDSPORE))
+    stall = check()
+    assert stall is not None and stall.rank == 0
+    assert stall.limit == "limit 225 s inside a save"
+
+
+def test_a_save_or_an_evaluation_is_a_section_of_its_own_kind(counted) -> None:
+    seen = []
+
+    def save(path: str) -> str:
+        seen.append(progress.snapshot()[3:])
+        if path == "bad":
+            raise OSError("disk full")
+        return path
+    wrapped = progress.in_section(contract.SECTION_SAVE, save)
+    assert wrapped("a") == "a"
+    with pytest.raises(OSError, match="disk full"):
+        wrapped("bad")
+    assert seen == [("save", 0), ("save", 1)] and progress.snapshot()[3:] == ("", 2)
+    evaluate = progress.in_section(contract.SECTION_EVAL, lambda: wrapped("inner"))
+    evaluate()
+    assert seen[-1] == ("eval", 2), "a save inside an evaluation is part of it"
+    worker = threading.Thread(target=wrapped, args=("b",))
+    worker.start()
+    worker.join()
+    assert seen[-1] == ("", 3), "another thread's save is not the main thread's section"
+
+
+def test_what_was_learnt_is_kept_for_the_same_command_run_again(tmp_path) -> None:
+    learnt = Learnt(0.52, 7, (("save", 3.0),))
+    learnt.save(str(tmp_path), ["train.py", "--epochs", "3"])
+    assert Learnt.load(str(tmp_path), ["train.py", "--epochs", "3"]) == learnt
+    assert Learnt.load(str(tmp_path), ["other.py"]) == Learnt(), "another job's pace"
+    (tmp_path / "hang_limits.json").write_text('{"command": [], "longest": NaN, '
+                                               '"intervals": 3, "sections": {}}')
+    assert Learnt.load(str(tmp_path), []) == Learnt()
+    assert Learnt.load(str(tmp_path / "missing"), []) == Learnt()

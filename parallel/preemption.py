@@ -1,0 +1,111 @@
+"""A stop signal that reaches the ranks themselves, not only npu-launch: Slurm signals every
+process of a job step on preemption. While the trainer fits, SIGTERM does not kill a rank at
+once: a thread waits up to ``WAIT`` seconds for npu-launch's word in the log directory
+(``contract.STOP_REQUEST_FILE``, which npu-launch writes as it gets the same signal): a step
+(the main thread trains on to it, saves it and exits: ``Trainer._stop_at``) or ``NO_SAVE``
+(npu-launch is stopping the job without a save: die at once). Nothing there by then: the
+rank dies of the signal, as it would have.
+
+Nothing here imports MindSpore.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+import time
+from typing import Iterator, Optional
+
+from parallel import contract
+
+NO_SAVE = contract.STOP_NO_SAVE
+WAIT = 0.5
+"""Seconds a signalled rank waits for npu-launch's word; npu-launch writes it within a tick."""
+
+
+def stop_file() -> str:
+    """Where npu-launch's word is, "" outside npu-launch."""
+    log_dir = os.environ.get(contract.LOG_DIR)
+    return os.path.join(log_dir, contract.STOP_REQUEST_FILE) if log_dir else ""
+
+
+def read_word(path: str) -> Optional[str]:
+    """The file's first word, None when it is missing or empty (being written)."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return words[0] if words else None
+
+
+@contextlib.contextmanager
+def deferred_sigterm(path: str) -> Iterator[None]:
+    """SIGTERM waits for npu-launch's word while the block runs (on the main thread, with no
+    handler or wakeup descriptor of the script's own); as before afterwards.
+
+    The word is awaited on a thread woken through ``signal.set_wakeup_fd``: Python's own
+    handlers run only when the main thread runs Python, and a rank blocked inside a collective
+    (its peer died) must still die at once when npu-launch stops the job."""
+    if not path or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    theirs = signal.set_wakeup_fd(write)
+    if theirs != -1:  # the script's own: leave it alone
+        signal.set_wakeup_fd(theirs)
+        os.close(read)
+        os.close(write)
+        yield
+        return
+    signal.signal(signal.SIGTERM, _ignore)
+    threading.Thread(target=_watch, args=(read, path), name="npu-launch-sigterm",
+                     daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.close(write)  # the watching thread reads the end and leaves
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """SIGTERM's Python-level handler: the watching thread decides."""
+
+
+def _watch(read: int, path: str) -> None:
+    try:
+        while True:
+            got = os.read(read, 64)
+            if not got:
+                return
+            if signal.SIGTERM in got:
+                _decide(path, signal.SIGTERM)
+    finally:
+        os.close(read)
+
+
+def _decide(path: str, signum: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        word = read_word(path)
+        if word is not None and word.isdigit():
+            return  # a save was asked for: the main thread makes it
+        if word == NO_SAVE:
+            break
+        time.sleep(0.01)
+    _die(signum)
+
+
+def _die(signum: int) -> None:
+    """End the process by ``signum``'s default action, as if no handler had been installed:
+    ``signal.signal`` belongs to the main thread, so the C library puts the default back."""
+    try:
+        ctypes.CDLL(None, use_errno=True).signal(signum, 0)  # SIG_DFL
+    except (OSError, AttributeError):
+        os._exit(128 + signum)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,70 @@
+"""Plain-Python ranks that report progress themselves, as the rank hook would (no MindSpore):
+the contract's ``initialised`` and ``progress`` events (``parallel.contract``), for the launcher's
+hang limits, where what is proven is the launcher's judgement and not MindSpore's behaviour.
+
+Each rank steps every ``--step-s`` seconds (a ``progress`` event with a higher ``count``; the
+real hook sends one at most every 0.5 s), ``--steps`` times, then exits 0.
+``--compile-s S``: the first step comes S seconds after ``initialised`` (graph compilation).
+``--hang-rank R --hang-at K``: rank R sleeps for an hour before its step K, outside a step; the
+others wait inside step K (``busy``) for as long, as data-parallel peers in the all-reduce do.
+``--save-rank R --save-at K --save-s S``: rank R is inside a checkpoint save (``section``
+``save``) for S seconds before step K; the others wait inside step K meanwhile. ``--eval``:
+the same as an evaluation whose batches show as progress inside the section.
+``--fail-rank R --fail-at K``: rank R raises before its step K, in every attempt (a
+deterministic failure). Each step is also reported as the trainer's ``step`` event.
+"""
+import argparse
+import time
+
+from parallel import contract, events
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--step-s", type=float, default=0.2)
+parser.add_argument("--compile-s", type=float, default=0.0)
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-at", type=int, default=-1)
+parser.add_argument("--save-rank", type=int, default=-1)
+parser.add_argument("--save-at", type=int, default=-1)
+parser.add_argument("--save-s", type=float, default=0.0)
+parser.add_argument("--eval", action="store_true")
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--fail-at", type=int, default=-1)
+args = parser.parse_args()
+rank = contract.RankIdentity.from_environ(__import__("os").environ).rank
+sections = 0
+
+
+def progress(count: int, busy: bool = False, section: str = "") -> None:
+    events.emit(contract.EVENT_PROGRESS, count=count, busy=busy, loads=0, section=section,
+                sections=sections)
+
+
+events.emit(contract.EVENT_INITIALISED, exec_mode="graph")
+time.sleep(args.compile_s)
+count = 0
+for step in range(args.steps):
+    if step == args.fail_at and rank == args.fail_rank:
+        raise RuntimeError(f"deterministic failure before step {step}")
+    if step == args.hang_at:
+        if rank != args.hang_rank:
+            progress(count, busy=True)  # waiting inside step K for the rank that hangs
+        time.sleep(3600)
+    if step == args.save_at:
+        if rank == args.save_rank:
+            kind = contract.SECTION_EVAL if args.eval else contract.SECTION_SAVE
+            progress(count, section=kind)
+            end = time.time() + args.save_s
+            while time.time() < end:
+                time.sleep(min(0.5, end - time.time()))
+                count += args.eval
+                progress(count, section=kind)
+            sections += 1
+        else:
+            progress(count, busy=True)
+            time.sleep(args.save_s)
+    time.sleep(args.step_s)
+    count += 1
+    progress(count)
+    events.emit(contract.EVENT_STEP, step=count, epoch=0)
+print(f"rank {rank} done after {count} steps", flush=True)

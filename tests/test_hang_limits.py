@@ -1,0 +1,103 @@
+"""Hang limits learnt from the job (``launcher.stalls.Limits``), end to end: with no
+``--hang-timeout`` a hang in a job of sub-second steps is named by the learnt limit, which the
+message names; a rank that saves or evaluates alone for long, or a slow first compilation, is
+no hang. The ranks are plain Python reporting the contract's events themselves
+(``tests/plain_scripts/paced_ranks.py``): what is proven is the launcher's judgement. The job
+still starts MindSpore's scheduler (2 ranks on CPU), hence the mark. The rank hook's wrappers
+of MindSpore's saves and evaluations are checked on MindSpore itself."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TESTS, assert_no_job_processes, run_launcher
+from launcher.restarts import NO_PROGRESS_EXIT_CODE
+from launcher.stalls import HANG_EXIT_CODE
+
+pytestmark = pytest.mark.mindspore
+PACED = str(TESTS / "plain_scripts" / "paced_ranks.py")
+CPU = ("--device", "cpu", "--cards", "2")
+
+
+def _summary(logs: Path) -> dict:
+    return json.loads((logs / "summary.json").read_text())
+
+
+def test_a_hang_is_named_by_the_learnt_limit_with_no_option_given(weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--job-id", "learnt", "--log-dir", str(logs), PACED,
+                          "--steps", "60", "--step-s", "0.2", "--hang-rank", "1",
+                          "--hang-at", "40")
+    assert result.returncode == HANG_EXIT_CODE, result.stderr[-3000:]
+    head = next(line for line in result.stderr.splitlines() if "stopped: rank" in line)
+    assert "rank 1 on " in head and " hangs: no progress for " in head, head
+    assert "(limit 10 s learnt: 5 x 0." in head and "s longest interval, floor 10 s)" in head
+    summary = _summary(logs)
+    assert summary["outcome"] == "stalled" and summary["root_cause"]["rank"] == 1
+    assert summary["stall"]["timeout"] == 10.0
+    assert summary["stall"]["limit"].startswith("limit 10 s learnt: 5 x 0.")
+    assert_no_job_processes("learnt")
+
+
+@pytest.mark.parametrize("kind", ["save", "eval"])
+def test_one_rank_saving_or_evaluating_long_after_a_slow_compile_is_no_hang(
+        weird_tmp: Path, kind: str) -> None:
+    """11 s of 'compilation' before the first step, then rank 0 alone inside its first save (or
+    an evaluation) for 15 s while rank 1 waits inside its next step: both longer than the
+    learnt limit of 10 s, neither a hang."""
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--job-id", f"healthy-{kind}", "--log-dir", str(logs), PACED,
+                          "--steps", "35", "--step-s", "0.2", "--compile-s", "11",
+                          "--save-rank", "0", "--save-at", "30", "--save-s", "15",
+                          *(["--eval"] if kind == "eval" else []))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = _summary(logs)
+    assert summary["outcome"] == "succeeded" and summary["stall"] is None
+    assert_no_job_processes(f"healthy-{kind}")
+
+
+def test_the_rank_hook_wraps_mindsporess_saves_and_evaluations(tmp_path: Path) -> None:
+    """With the hook installed (as in every rank), ``save_checkpoint`` (also as the checkpoint
+    callback and ``mindspore`` bind it) and ``Model.eval`` are sections; a real save shows as
+    one in the rank's progress events."""
+    events = tmp_path / "events.jsonl"
+    code = (
+        "import time, mindspore as ms\n"
+        "from mindspore import nn\n"
+        "from mindspore.train.callback import _checkpoint\n"
+        "from parallel import progress\n"
+        "for f in (ms.save_checkpoint, _checkpoint.save_checkpoint, ms.train.Model.eval):\n"
+        "    assert f.__name__ in ('save_checkpoint', 'eval') and hasattr(f, '__wrapped__'), f\n"
+        f"ms.save_checkpoint(nn.Dense(2, 2), {str(tmp_path / 'c.ckpt')!r})\n"
+        "assert progress.snapshot()[3:] == ('', 1), progress.snapshot()\n"
+        "time.sleep(0.7)\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'parallel' / '_boot'}{os.pathsep}{REPO}",
+           "NPU_LAUNCH_EVENTS_FILE": str(events), "NPU_LAUNCH_PROGRESS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    assert any(r["event"] == "progress" and r.get("sections") == 1 for r in records), records
+
+
+def test_a_deterministic_failure_stops_after_two_attempts_with_its_own_exit_code(
+        weird_tmp: Path) -> None:
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--max-restarts", "3", "--restart-backoff", "0", "--job-id",
+                          "same-failure", "--log-dir", str(logs), PACED, "--steps", "30",
+                          "--step-s", "0.05", "--fail-rank", "1", "--fail-at", "12")
+    assert result.returncode == NO_PROGRESS_EXIT_CODE == 93, result.stderr[-3000:]
+    assert ("npu-launch: not restarting: the last two attempts failed at step 12 with the same "
+            "root cause (rank 1, RuntimeError) and no complete checkpoint: a restart cannot "
+            "help (exit 93)") in result.stderr, result.stderr[-3000:]
+    assert "restart 2 of 3" not in result.stderr
+    summary = _summary(logs)
+    assert [(a["outcome"], a["exit_code"]) for a in summary["attempts"]] == [
+        ("failed", 1), ("failed", 1)], "each attempt failed as itself; the job ends 93"
+    assert summary["exit_code"] == 93 and summary["root_cause"]["rank"] == 1
+    assert_no_job_processes("same-failure")

@@ -1,0 +1,126 @@
+"""A save on preemption (issue 24, part 2): SIGTERM to npu-launch while the shared trainer
+trains makes every rank finish its step, save the same step and exit within --kill-timeout;
+the same command run again resumes from that step. Real MindSpore ranks where what is proven
+is the trainer's save and resume; the step chosen, in this process."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, assert_no_job_processes, npu_launch_argv, run_launcher, wait_for
+from launcher.launch import Attempt
+from launcher.monitor import JobMonitor
+from parallel.contract import Event
+
+MAIN = str(REPO / "scripts" / "train_digits.py")
+
+
+def _last_step(logs: Path) -> int:
+    path = logs / "events" / "rank_0.jsonl"
+    if not path.exists():
+        return -1
+    steps = [json.loads(line).get("step") for line in path.read_text().splitlines()
+             if '"event": "step"' in line]
+    return max((s for s in steps if isinstance(s, int)), default=-1)
+
+
+def _rank_pids(logs: Path) -> list[int]:
+    return [json.loads((logs / "events" / f"rank_{r}.jsonl").read_text().splitlines()[0])["pid"]
+            for r in (0, 1)]
+
+
+@pytest.mark.mindspore
+@pytest.mark.parametrize("everyone", [False, True], ids=["launcher", "every-process"])
+def test_sigterm_saves_a_step_every_rank_completed_and_the_same_command_resumes(
+        weird_tmp: Path, everyone: bool) -> None:
+    """SIGTERM to npu-launch (Ctrl-C, Kubernetes, Slurm's batch-shell signal), or to it and
+    every rank at once (Slurm's preemption signals every process of the job)."""
+    logs = weird_tmp / "logs"
+    argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "preempted",
+            "--log-dir", str(logs), MAIN, "--epochs", "3")  # a checkpoint only at the end
+    proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _last_step(logs) >= 30, "step 30", timeout=300)
+        at_signal = _last_step(logs)
+        proc.send_signal(signal.SIGTERM)
+        for pid in _rank_pids(logs) if everyone else []:
+            os.kill(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
+    assert asked, err[-3000:]
+    saved = int(asked.group(1))
+    assert saved > at_signal, (saved, at_signal)
+    assert (logs / "checkpoints" / f"step_{saved}" / "manifest.json").exists(), \
+        sorted(p.name for p in (logs / "checkpoints").iterdir())
+    assert_no_job_processes("preempted")
+
+    again = run_launcher(*argv, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rank_logs = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
+    assert all(f"resumed from step {saved})" in log for log in rank_logs), rank_logs[0][-2000:]
+
+
+def _step(rank: int, step: int, **fields) -> Event:
+    event = Event.parse({"event": "step", "rank": rank, "host": "h", "step": step, **fields})
+    assert event is not None
+    return event
+
+
+def test_the_stop_step_is_past_what_any_rank_can_have_reached(tmp_path: Path) -> None:
+    monitor = JobMonitor(str(tmp_path), "j", {0: "h", 1: "h"}, io.StringIO(), False)
+    attempt = Attempt(monitor)
+    attempt.event(_step(0, 5, log_every=5, saves_on_stop=True))
+    assert attempt.stop_step([0, 1]) is None, "rank 1 has not said it saves on a stop"
+    attempt.event(_step(1, 5, log_every=5, saves_on_stop=True))
+    attempt.event(_step(0, 10))
+    attempt.step_times = [(100.0, 5), (101.0, 10)]  # 5 steps a second
+    assert attempt.stop_step([0, 1]) == 10 + 5 + 5 + 1
+    attempt.event(_step(1, 10, log_every=5, saves_on_stop=False))  # a fit without a ckpt dir
+    assert attempt.stop_step([0, 1]) is None, "a rank without a checkpoint dir: stop at once"
+
+
+_BLOCKED = """
+import os, sys, time
+from parallel import preemption
+with preemption.deferred_sigterm(sys.argv[1]):
+    print("ready", flush=True)
+    r, w = os.pipe()
+    if sys.argv[2] == "blocked":
+        os.read(r, 1)  # as a rank blocked in a collective: the main thread runs no Python
+    time.sleep(3)
+print("went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("word, how, dies", [
+    (None, "blocked", True), ("none", "blocked", True), ("44", "sleeping", False)])
+def test_a_rank_signalled_itself_waits_for_the_launchers_word(
+        tmp_path: Path, word, how, dies) -> None:
+    """SIGTERM to a fitting rank (as Slurm sends every process of a job): it dies of it at once
+    when npu-launch says no save comes (or says nothing within ``WAIT``), even blocked outside
+    Python; it goes on when a save step is named."""
+    path = tmp_path / "stop_request"
+    if word is not None:
+        path.write_text(word + "\n")
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED, str(path), how],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    if dies:
+        assert proc.returncode == -signal.SIGTERM and out == "", (proc.returncode, out)
+    else:
+        assert proc.returncode == 0 and out == "went on\n", (proc.returncode, out)
