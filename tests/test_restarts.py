@@ -227,7 +227,7 @@ def test_the_report_lists_the_attempts(tmp_path: Path) -> None:
                     ["1", "succeeded", "12.5", "step", "22", "1", "2", "1.0"]], text
 
 
-def _failed(rank: int, exception: str = "RuntimeError") -> JobResult:
+def _failed_rank(rank: int, exception: str = "RuntimeError") -> JobResult:
     return JobResult(Outcome.FAILED, 1, f"npu-launch: job j failed: rank {rank}", 0.0,
                      Cause(Outcome.FAILED, "rank", rank, "h", 10, 1, exception, "boom"))
 
@@ -235,21 +235,21 @@ def _failed(rank: int, exception: str = "RuntimeError") -> JobResult:
 def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_newer() -> None:
     from launcher.restarts import (NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help,
                                    stop_restarting)
-    first = FailurePoint.of(_failed(1), ("step", 50), None)
+    first = FailurePoint.of(_failed_rank(1), ("step", 50), None)
     assert not cannot_help(None, first), "one failure says nothing yet"
-    assert cannot_help(first, FailurePoint.of(_failed(1), ("step", 50), None))
-    assert not cannot_help(first, FailurePoint.of(_failed(1), ("step", 51), None)), "progress"
-    assert not cannot_help(first, FailurePoint.of(_failed(0), ("step", 50), None))
-    assert not cannot_help(first, FailurePoint.of(_failed(1, "OSError"), ("step", 50), None))
+    assert cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), None))
+    assert not cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 51), None)), "progress"
+    assert not cannot_help(first, FailurePoint.of(_failed_rank(0), ("step", 50), None))
+    assert not cannot_help(first, FailurePoint.of(_failed_rank(1, "OSError"), ("step", 50), None))
     unread = JobResult(Outcome.FAILED, 1, "", 0.0, Cause(Outcome.FAILED, "rank", 1, "h", 11, 1))
     assert cannot_help(first, FailurePoint.of(unread, ("step", 50), None)), \
         "its exit seen before its error report: the same failure still"
     assert FailurePoint.of(unread, ("step", 50), None).told(first) == first
-    assert not cannot_help(first, FailurePoint.of(_failed(1), ("step", 50), 44)), \
+    assert not cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), 44)), \
         "a newer complete checkpoint: the next attempt starts elsewhere"
-    assert not cannot_help(FailurePoint.of(_failed(1), None, None),
-                           FailurePoint.of(_failed(1), None, None)), "where unknown: restart"
-    stopped = stop_restarting(_failed(1), FailurePoint.of(_failed(1), ("count", 7), 44))
+    assert not cannot_help(FailurePoint.of(_failed_rank(1), None, None),
+                           FailurePoint.of(_failed_rank(1), None, None)), "where unknown: restart"
+    stopped = stop_restarting(_failed_rank(1), FailurePoint.of(_failed_rank(1), ("count", 7), 44))
     assert stopped.exit_code == NO_PROGRESS_EXIT_CODE == 93
     assert stopped.message.splitlines()[-1] == (
         "npu-launch: not restarting: the last two attempts failed at progress count 7 with the "
