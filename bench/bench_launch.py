@@ -1,9 +1,12 @@
 """msrun against npu-launch on the same tiny job, alternating, N pairs per rank count.
 
     python bench/bench_launch.py --pairs 3 --ranks 1 2 4
+    python bench/bench_launch.py --pairs 3 --ranks 1 2 --trees before=/work/wt-before after=.
 
 Prints, per rank count, the median of each phase for both launchers and the ratio
-npu-launch / msrun:
+npu-launch / msrun (with ``--trees NAME=DIR ...``: the npu-launch of each tree, its packages
+first on PYTHONPATH, each against the same msrun runs; msrun and the trees take turns going
+first, so a trend in the machine's load spreads over all of them):
   wall          command start to launcher exit (a clean job)
   to-init       command start to the last rank's init() returning
   finish-exit   the last rank's last line to launcher exit
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "tiny_job.py"
@@ -52,11 +56,14 @@ def marks(out: Path) -> dict[str, list[float]]:
     return found
 
 
-def run_once(launcher: str, ranks: int, mode: str) -> dict[str, float]:
+def run_once(launcher: str, ranks: int, mode: str, tree: Optional[Path] = None
+             ) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="bench-"))
     out = work / "marks"
     out.mkdir()
     env = {**os.environ, "BENCH_OUT": str(out), "BENCH_MODE": mode}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     start = time.time()
     subprocess.run(command(launcher, ranks, work / "logs"), env=env, cwd=work,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
@@ -78,29 +85,75 @@ def rank_exits(metrics: Path) -> list[float]:
     return [r["time"] for r in records if r.get("event") == "exited"]
 
 
+def parse_trees(specs: list[str]) -> dict[str, Optional[Path]]:
+    """``{label: tree}`` of the npu-launch variants to run: ``NAME=DIR`` or ``DIR`` each; none
+    given, the one on the current PYTHONPATH, labelled ``npu-launch``."""
+    trees: dict[str, Optional[Path]] = {}
+    for spec in specs:
+        name, _, directory = spec.rpartition("=")
+        path = Path(directory).resolve()
+        if not (path / "launcher" / "cli.py").is_file():
+            raise SystemExit(f"--trees {spec}: no launcher/cli.py in {path}")
+        trees[name or path.name] = path
+    return trees or {"npu-launch": None}
+
+
+def measure(ranks: int, pairs: int, trees: dict[str, Optional[Path]]
+            ) -> dict[tuple[str, str], list[float]]:
+    """Every phase's samples per (label, phase); msrun and each tree rotate who goes first."""
+    labels = ["msrun", *trees]
+    samples: dict[tuple[str, str], list[float]] = {}
+    for pair in range(pairs):
+        shift = pair % len(labels)
+        order = labels[shift:] + labels[:shift]
+        for mode in ("ok", "fail"):
+            for label in order:
+                launcher = "msrun" if label == "msrun" else "npu-launch"
+                for phase, value in run_once(launcher, ranks, mode, trees.get(label)).items():
+                    samples.setdefault((label, phase), []).append(value)
+    return samples
+
+
+def print_table(ranks: int, samples: dict[tuple[str, str], list[float]], labels: list[str]
+                ) -> None:
+    for phase in ("wall", "to-init", "finish-exit", "fail-exit"):
+        ms_med = statistics.median(samples[("msrun", phase)])
+        cells = "".join(f" {statistics.median(samples[(label, phase)]):>13.2f} "
+                        f"{statistics.median(samples[(label, phase)]) / ms_med:>7.2f}"
+                        for label in labels)
+        print(f"{ranks:>5} {phase:<12} {ms_med:>9.2f}{cells}", flush=True)
+    own = "".join(f" {statistics.median(samples[(label, 'rank-exit')]):>13.3f} {'':>7}"
+                  if (label, "rank-exit") in samples else f" {'-':>13} {'':>7}"
+                  for label in labels)
+    print(f"{ranks:>5} {'rank-exit':<12} {'-':>9}{own}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--trees", nargs="+", default=[], metavar="NAME=DIR",
+                        help="npu-launch of each of these source trees (default: the current one)")
+    parser.add_argument("--out", type=Path, help="also write every sample here (JSON)")
     args = parser.parse_args()
-    print(f"{'ranks':>5} {'phase':<12} {'msrun s':>9} {'npu-launch s':>13} {'ratio':>7}")
+    trees = parse_trees(args.trees)
+    labels = list(trees)
+    heads = "".join(f" {label[:11] + ' s':>13} {'ratio':>7}" for label in labels)
+    print(f"{'ranks':>5} {'phase':<12} {'msrun s':>9}{heads}")
+    raw: dict[str, dict[str, dict[str, list[float]]]] = {}
     for ranks in args.ranks:
-        samples: dict[tuple[str, str], list[float]] = {}
-        for pair in range(args.pairs):
-            order = ("msrun", "npu-launch") if pair % 2 == 0 else ("npu-launch", "msrun")
-            for mode in ("ok", "fail"):
-                for launcher in order:
-                    for phase, value in run_once(launcher, ranks, mode).items():
-                        samples.setdefault((launcher, phase), []).append(value)
-        for phase in ("wall", "to-init", "finish-exit", "fail-exit"):
-            ms_med = statistics.median(samples[("msrun", phase)])
-            us_med = statistics.median(samples[("npu-launch", phase)])
-            print(f"{ranks:>5} {phase:<12} {ms_med:>9.2f} {us_med:>13.2f} "
-                  f"{us_med / ms_med:>7.2f}", flush=True)
-        if ("npu-launch", "rank-exit") in samples:
-            own = statistics.median(samples[("npu-launch", "rank-exit")])
-            print(f"{ranks:>5} {'rank-exit':<12} {'-':>9} {own:>13.3f} {'':>7}", flush=True)
+        samples = measure(ranks, args.pairs, trees)
+        print_table(ranks, samples, labels)
+        raw[str(ranks)] = {}
+        for (label, phase), values in samples.items():
+            raw[str(ranks)].setdefault(label, {})[phase] = values
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "command": " ".join(["python", "bench/bench_launch.py", *sys.argv[1:]]),
+            "trees": {label: str(tree) if tree else None for label, tree in trees.items()},
+            "samples": raw}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
