@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DDP = REPO / "tests" / "rank_scripts" / "torch_ddp.py"
 MARKER = HERE / "torch_hang_mark.py"
-_CHECKSUM = re.compile(r"rank (\d+)/\d+ checksum (\S+)")
+_CHECKSUM = re.compile(r"rank (\d+)/\d+ checksum (-?\d+\.\d{12})")  # lines may run together
 LAUNCHERS = ("npu-launch", "torchrun")
 
 
