@@ -15,7 +15,8 @@
    npu-launch's exit, its exit code (124 for a hang) and ``summary.json``'s ``stall`` (the rank
    it names); goal within T + 2 s. Then torchrun once on the same hang, stopped (SIGTERM to
    torchrun, which stops its ranks) after ``--torchrun-cap`` seconds if still running: gloo's
-   default timeout is 30 minutes.
+   default timeout is 30 minutes. ``--without-py-spy`` adds each hang again with py-spy off
+   PATH, to show what its native stacks (read before any rank is stopped) add.
 
 Both launchers get the same environment without OMP_NUM_THREADS (each sets it to 1 for 2
 ranks). Raw figures go to ``--out`` (JSON) with the load average around each run: this machine
@@ -71,6 +72,7 @@ class HangRun:
     ranks_left: list[int] = field(default_factory=list)
     load: tuple[float, float] = (0.0, 0.0)
     phases: dict[str, float] = field(default_factory=dict)
+    py_spy: bool = True
 
 
 def argv_for(launcher: str, log_dir: Path, script: list[str], options: tuple[str, ...] = ()
@@ -86,6 +88,13 @@ def argv_for(launcher: str, log_dir: Path, script: list[str], options: tuple[str
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     return {**env, **extra}
+
+
+def path_without_py_spy() -> str:
+    """PATH without the directories that hold py-spy: npu-launch then reads Python stacks only
+    (its ranks run from sys.executable's absolute path, so nothing else needs PATH here)."""
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if not (Path(d) / "py-spy").exists())
 
 
 def load_pair(before: tuple[float, float, float]) -> tuple[float, float]:
@@ -195,14 +204,17 @@ def phases(logs: Path, hung_at: float) -> dict[str, float]:
     return found
 
 
-def ours_hang(hang_timeout: float) -> HangRun:
+def ours_hang(hang_timeout: float, py_spy: bool = True) -> HangRun:
     with tempfile.TemporaryDirectory(prefix="bench-torch-hang-") as tmp:
         work, load = Path(tmp), os.getloadavg()
         (work / "marks").mkdir()
         argv = argv_for("npu-launch", work / "logs", hang_script(),
                         ("--hang-timeout", f"{hang_timeout:g}", "--console", "none"))
-        proc = subprocess.Popen(argv, cwd=work, env=base_env(BENCH_HANG_MARK=str(work / "marks")),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env = base_env(BENCH_HANG_MARK=str(work / "marks"))
+        if not py_spy:
+            env["PATH"] = path_without_py_spy()
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
         proc.communicate(timeout=hang_timeout + 600)
         end = time.time()
         hung = read_marks(work / "marks", "hang")
@@ -213,7 +225,7 @@ def ours_hang(hang_timeout: float) -> HangRun:
         return HangRun("npu-launch", hang_timeout, end - float(hung[1]), proc.returncode,
                        "stall" if stall else "other", stall, summary.get("root_cause"),
                        ranks_left(work / "marks"), load_pair(load),
-                       phases(work / "logs", float(hung[1])))
+                       phases(work / "logs", float(hung[1])), py_spy)
 
 
 def torchrun_hang(cap: float) -> HangRun:
@@ -239,15 +251,18 @@ def torchrun_hang(cap: float) -> HangRun:
                        ranks_left=ranks_left(work / "marks"), load=load_pair(load))
 
 
-def hangs(timeouts: list[float], runs: int, cap: float, with_torchrun: bool) -> list[HangRun]:
+def hangs(timeouts: list[float], runs: int, cap: float, with_torchrun: bool,
+          without_py_spy: bool) -> list[HangRun]:
     results: list[HangRun] = []
+    settings = [(t, True) for t in timeouts] + ([(t, False) for t in timeouts]
+                                                if without_py_spy else [])
     for run in range(runs):
-        for timeout in (timeouts if run % 2 == 0 else timeouts[::-1]):
-            results.append(ours_hang(timeout))
+        for timeout, py_spy in (settings if run % 2 == 0 else settings[::-1]):
+            results.append(ours_hang(timeout, py_spy))
             r = results[-1]
-            print(f"  --hang-timeout {timeout:g}: hang -> exit {r.hang_to_exit:.2f} s, "
-                  f"exit {r.exit_code}, stall rank {(r.stall or {}).get('rank')}, "
-                  f"left {r.ranks_left}", flush=True)
+            print(f"  --hang-timeout {timeout:g}{'' if py_spy else ' (no py-spy)'}: "
+                  f"hang -> exit {r.hang_to_exit:.2f} s, exit {r.exit_code}, "
+                  f"stall rank {(r.stall or {}).get('rank')}, left {r.ranks_left}", flush=True)
             print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()), flush=True)
     if with_torchrun:
         results.append(torchrun_hang(cap))
@@ -262,11 +277,12 @@ def summarise(wall_runs: list[WallRun], hang_runs: list[HangRun]) -> dict:
         med = {name: statistics.median(r.seconds for r in wall_runs if r.launcher == name)
                for name in LAUNCHERS}
         table = {"wall_median_s": med, "ratio": med["npu-launch"] / med["torchrun"]}
-    for timeout in sorted({r.hang_timeout for r in hang_runs if r.hang_timeout is not None}):
-        took = [r.hang_to_exit for r in hang_runs
-                if r.hang_timeout == timeout and r.hang_to_exit is not None]
-        table[f"hang_to_exit_s@{timeout:g}"] = {"median": statistics.median(took),
-                                                "max": max(took)}
+    settings = {(r.hang_timeout, r.py_spy) for r in hang_runs if r.hang_timeout is not None}
+    for timeout, py_spy in sorted(settings, key=lambda ts: (ts[0], not ts[1])):
+        took = [r.hang_to_exit for r in hang_runs if (r.hang_timeout, r.py_spy) == (timeout, py_spy)
+                and r.hang_to_exit is not None]
+        key = f"hang_to_exit_s@{timeout:g}{'' if py_spy else '_no_py_spy'}"
+        table[key] = {"median": statistics.median(took), "max": max(took)}
     return table
 
 
@@ -299,6 +315,8 @@ def main() -> None:
     parser.add_argument("--hang-runs", type=int, default=2)
     parser.add_argument("--torchrun-cap", type=float, default=60)
     parser.add_argument("--no-torchrun-hang", action="store_true")
+    parser.add_argument("--without-py-spy", action="store_true",
+                        help="also each hang with py-spy off PATH (Python stacks only)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "torch.json")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -307,7 +325,7 @@ def main() -> None:
     wall_runs = walls(args.pairs, args.steps, failed)
     print("hang to exit:", flush=True)
     hang_runs = hangs(args.timeouts, args.hang_runs, args.torchrun_cap,
-                      not args.no_torchrun_hang)
+                      not args.no_torchrun_hang, args.without_py_spy)
     table = summarise(wall_runs, hang_runs)
     table["wall_failed"] = {name: sum(r.launcher == name for r in failed) for name in LAUNCHERS}
     report(table, hang_runs)
