@@ -11,14 +11,19 @@ first, so a trend in the machine's load spreads over all of them):
   to-init       command start to the last rank's init() returning
   finish-exit   the last rank's last line to launcher exit
   fail-exit     the failing rank's raise to launcher exit (BENCH_MODE=fail)
+  sched-up      command start to MindSpore's scheduler listening (its scheduler.log's "Begin to
+                Initialize MetaServerNode"; npu-launch starts it when a rank begins importing
+                MindSpore since issue 22, at launch before)
 and, for npu-launch alone (msrun records no such time), rank-exit: the last rank process's exit
 (from metrics.jsonl) to launcher exit, the launcher's own share of finish-exit.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -56,6 +61,20 @@ def marks(out: Path) -> dict[str, list[float]]:
     return found
 
 
+_META_SERVER = re.compile(r"(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d)\.(\d{3})\.(\d{3})\b.*"
+                          r"Begin to Initialize MetaServerNode")
+
+
+def scheduler_up(log_dir: Path) -> Optional[float]:
+    """When MindSpore's scheduler began listening, from its log's local time, or None."""
+    log = log_dir / "scheduler.log"
+    found = _META_SERVER.search(log.read_text(errors="replace")) if log.exists() else None
+    if found is None:
+        return None
+    when = datetime.datetime.strptime(found.group(1), "%Y-%m-%d-%H:%M:%S").timestamp()
+    return when + int(found.group(2)) / 1e3 + int(found.group(3)) / 1e6
+
+
 def run_once(launcher: str, ranks: int, mode: str, tree: Optional[Path] = None
              ) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -70,11 +89,14 @@ def run_once(launcher: str, ranks: int, mode: str, tree: Optional[Path] = None
     end = time.time()
     m = marks(out)
     exits = rank_exits(work / "logs" / "metrics.jsonl")
+    sched = scheduler_up(work / "logs")
     shutil.rmtree(work, ignore_errors=True)
     if mode == "fail":
         return {"fail-exit": end - m["fail"][0]}
     phases = {"wall": end - start, "to-init": max(m["init"]) - start,
               "finish-exit": end - max(m["done"])}
+    if sched is not None:
+        phases["sched-up"] = sched - start
     return {**phases, "rank-exit": end - max(exits)} if exits else phases
 
 
@@ -116,7 +138,9 @@ def measure(ranks: int, pairs: int, trees: dict[str, Optional[Path]]
 
 def print_table(ranks: int, samples: dict[tuple[str, str], list[float]], labels: list[str]
                 ) -> None:
-    for phase in ("wall", "to-init", "finish-exit", "fail-exit"):
+    for phase in ("wall", "to-init", "finish-exit", "fail-exit", "sched-up"):
+        if any((label, phase) not in samples for label in ["msrun", *labels]):
+            continue
         ms_med = statistics.median(samples[("msrun", phase)])
         cells = "".join(f" {statistics.median(samples[(label, phase)]):>13.2f} "
                         f"{statistics.median(samples[(label, phase)]) / ms_med:>7.2f}"
