@@ -4,6 +4,7 @@ holding the fake device nodes."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, fake_devfs, run_launcher
+from helpers import (assert_one_line_error, fake_devfs, initialised, npu_launch_argv,
+                     run_launcher, wait_for)
 
 from launcher.card_checks import judge_at_start, skipped_note
 from launcher.card_health import (CardProblem, CardReport, check_cards, holders_of,
@@ -171,3 +173,32 @@ def test_a_single_node_with_a_bad_card_starts_nothing(host: dict, weird_tmp: Pat
     assert_one_line_error(result, "card 1: link DOWN (hccn_tool -i 1 -link -g): nothing was "
                                   "started")
     assert not (weird_tmp / "logs").exists()
+
+
+@pytest.mark.mindspore
+def test_a_card_still_held_after_the_timeout_stops_the_restart(host: dict,
+                                                                weird_tmp: Path) -> None:
+    """One node, 2 MindSpore ranks on fake cards: rank 1 fails in attempt 0; a stray process
+    took card 1 meanwhile and never lets go: the re-check before the restart waits
+    ``--card-free-timeout`` and stops the job, naming the card, instead of restarting."""
+    script = Path(__file__).parent / "rank_scripts" / "ms_job.py"
+    logs = weird_tmp / "logs"
+    proc = subprocess.Popen(npu_launch_argv(
+        "--device", "npu", "--max-restarts", "1", "--restart-backoff", "0",
+        "--card-free-timeout", "0.5", "--log-dir", str(logs), str(script),
+        "--sleep-after-init", "3", "--fail-at-attempt", "0:1"), env=host,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: initialised(logs, range(2)) or proc.poll() is not None, "2 ranks up")
+        holder = _holder(f"{host['NPU_LAUNCH_DEVFS']}/davinci1")
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    holder.stdin.close()
+    holder.wait()
+    assert proc.returncode == 1, err[-3000:]
+    name = socket.gethostname()
+    assert f"npu-launch: checking {name}'s card(s) 0, 1 before the restart" in err
+    assert (f"not restarted: {name} card 1: held by pid {holder.pid} (") in err, err[-3000:]
+    assert "restart 1 of 1" in err and "rank 1 fails in attempt 0" in err
