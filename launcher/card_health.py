@@ -14,9 +14,10 @@ driver's tools as they print (formats and sources: ``tests/fixtures/ascend_tools
   says (a container's npu-smi may not see other containers' processes).
 
 A host without ``npu-smi`` or ``hccn_tool`` (on ``PATH`` or in the driver's tool folder)
-skips the checks that need it and says which (``CardReport.skipped``). The tool calls run at
-once, each bounded by ``TOOL_TIMEOUT_S``: a host's checks take about as long as its slowest
-tool. Runs in ``launcher.probe`` on remote hosts, in-process on a single node.
+skips the checks that need it and says which (``CardReport.skipped``). ``npu-smi`` and each
+card's ``hccn_tool`` calls run at once, every call bounded by ``TOOL_TIMEOUT_S``: a host's
+checks take about as long as one card's three ``hccn_tool`` calls. Runs in
+``launcher.probe`` on remote hosts, in-process on a single node.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def check_cards(cards: Sequence[int], environ: Mapping[str, str],
     skipped = tuple(what for what, tool in (
         ("health and processes: no npu-smi", npu_smi),
         ("link, network health, device IP: no hccn_tool", hccn)) if tool is None)
-    with concurrent.futures.ThreadPoolExecutor(max(1, 1 + 3 * len(cards))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(1 + len(cards)) as pool:
         smi = pool.submit(_npu_smi_problems, npu_smi, cards, environ) if npu_smi else None
         per_card = [pool.submit(_hccn_card, hccn, card, environ) for card in cards] \
             if hccn else []
