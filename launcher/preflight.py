@@ -18,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import shlex
 import stat
 import string
 import subprocess
@@ -147,25 +148,33 @@ def _probe(host: HostSelection, options: TransportOptions, workdir: str,
     remote += [f"--file={path}" for path in files]  # one word each: a name may start with '-'
     remote += ["--check-cards", ",".join(map(str, cards))] if cards else []
     if options.masters is not None:  # the one handshake with this host, kept for its agent
-        failed = options.masters.open(host.host, host.user, options.ssh_port,
-                                      options.ssh_options, PROBE_TIMEOUT)
-        if failed is not None:
-            return _Answer(None, "unreachable: " + failed)
+        first = options.masters.open(host.host, host.user, options.ssh_port, options.ssh_options,
+                                     f"cd -- {shlex.quote(workdir)} && {shlex.join(remote)}",
+                                     PROBE_TIMEOUT)
+        if first is not None:
+            return _judge(first.returncode, first.stdout, first.stderr, workdir)
     argv = ssh_argv(host.host, host.user, remote, workdir, options)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return _Answer(None, f"no answer in {PROBE_TIMEOUT:g} s")
-    if out.returncode == 255:
-        return _Answer(None, "unreachable: " + _last_line(out.stderr))
-    if _CD_FAILED in out.stderr or "can't cd" in out.stderr:
+    return _judge(out.returncode, out.stdout, out.stderr, workdir)
+
+
+def _judge(returncode: Optional[int], stdout: str, stderr: str, workdir: str) -> _Answer:
+    """The probe's answer from its exit status and output (None: it gave none in time)."""
+    if returncode is None:
+        return _Answer(None, f"no answer in {PROBE_TIMEOUT:g} s")
+    if returncode == 255:
+        return _Answer(None, "unreachable: " + _last_line(stderr))
+    if _CD_FAILED in stderr or "can't cd" in stderr:
         return _Answer(None, f"no directory {path_shown(workdir)} there", no_workdir=True)
-    if out.returncode == 127:  # the remote shell found no such command
+    if returncode == 127:  # the remote shell found no such command
         return _Answer(None, f"no {sys.executable} there")
-    if out.returncode != 0:
-        return _Answer(None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}")
-    return _facts(out.stdout)
+    if returncode != 0:
+        return _Answer(None, f"probe failed ({returncode}): {_last_line(stderr)}")
+    return _facts(stdout)
 
 
 def _facts(stdout: str) -> _Answer:

@@ -21,14 +21,16 @@ def _ours() -> set[str]:
 def test_a_master_that_cannot_connect_says_why_and_leaves_nothing() -> None:
     before = _ours()
     masters = SshMasters()
-    said = masters.open("node1", "me", 2222, NO_NETWORK, timeout=60)
-    assert said == "Connection closed by UNKNOWN port 65535", "ssh's own last line"
+    first = masters.open("node1", "me", 2222, NO_NETWORK, "true", timeout=60)
+    assert first is not None and first.returncode == 255, first
+    assert first.stderr.strip().splitlines()[-1] == "Connection closed by UNKNOWN port 65535"
     path = masters.path_for("node1", "me", 2222)
     assert path is not None and not os.path.exists(path)
+    assert masters.open("node1", "me", 2222, NO_NETWORK, "true", 60) is None, "one per host"
     masters.close()
     masters.close()  # idempotent
     assert _ours() == before
-    assert masters.open("node1", "me", 2222, NO_NETWORK, timeout=60) == "npu-launch is ending"
+    assert masters.open("node2", "me", 2222, NO_NETWORK, "true", 60) is None, "ending"
 
 
 def test_ssh_argv_rides_on_the_hosts_master_when_there_is_one() -> None:
@@ -37,7 +39,7 @@ def test_ssh_argv_rides_on_the_hosts_master_when_there_is_one() -> None:
                                    masters=masters)
         plain = ssh_argv("node1", None, ["true"], "/w", options)
         assert "ControlPath" not in " ".join(plain)
-        masters.open("node1", None, 2222, NO_NETWORK, timeout=60)
+        masters.open("node1", None, 2222, NO_NETWORK, "true", timeout=60)
         argv = ssh_argv("node1", None, ["true"], "/w", options)
         path = masters.path_for("node1", None, 2222)
         assert argv[:9] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,6 @@ from typing import IO, Optional, Sequence
 
 from launcher.backends.common import split_ssh_options
 
-READY_POLL_S = 0.005
 CONNECT_TIMEOUT_S = 10
 """ssh's ``ConnectTimeout`` for every connection npu-launch makes."""
 CLOSE_WAIT_S = 5.0
@@ -46,12 +46,25 @@ def destination(host: str, user: Optional[str]) -> str:
     return f"{user}@{host}" if user else host
 
 
+@dataclasses.dataclass(frozen=True)
+class FirstSession:
+    """What the command of a master's own session did: its exit status (None: no end within
+    the time given), its output, and what the ssh and the command said on stderr."""
+
+    returncode: Optional[int]
+    stdout: str
+    stderr: str
+
+
 @dataclasses.dataclass
 class _Master:
     process: subprocess.Popen
     stderr: IO[str]
     directory: str
 
+
+_EXIT_MARK = "npl-first-session-exit:"
+"""What the master's session prints after its command, with the command's exit status."""
 
 _WRAPPER = 'ssh "$@"; status=$?; rm -rf -- "$0"; exit $status'
 """The master's ssh, then its directory removed: by the master's own shell, so that it goes
@@ -79,38 +92,40 @@ class SshMasters:
         return self._paths.get(_key(host, user, port))
 
     def open(self, host: str, user: Optional[str], port: Optional[int],
-             ssh_options: Sequence[str], timeout: float) -> Optional[str]:
-        """Connect a master to ``host`` and wait (at most ``timeout`` s) until its socket is
-        there. None: it is (or was already); else why not, as the ssh said it."""
-        key = self._start(host, user, port, ssh_options)
+             ssh_options: Sequence[str], command: str, timeout: float) -> Optional[FirstSession]:
+        """Connect a master to ``host`` whose own session runs ``command`` (a remote shell
+        line: preflight's probe) before it waits on its pipe; ``command``'s outcome, read until
+        its end marker (at most ``timeout`` s). None: this host has a master already (run the
+        command as a client of it), or the launch is ending."""
+        key = self._start(host, user, port, ssh_options, command)
         if key is None:
-            return "npu-launch is ending"
-        master, path = self._masters[key], self._paths[key]
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(path):
-            if master.process.poll() is not None:
-                return _last_line(master.stderr) or f"ssh exited {master.process.returncode}"
-            if time.monotonic() >= deadline:
-                return f"no connection in {timeout:g} s"
-            time.sleep(READY_POLL_S)
-        return None
+            return None
+        master = self._masters[key]
+        out = _read_until(master.process, _EXIT_MARK, time.monotonic() + timeout)
+        said = _text(master.stderr)
+        if out is None:
+            return FirstSession(None, "", said)
+        text, mark, rest = out.rpartition(_EXIT_MARK)
+        if not mark:  # the master ended before the command did: ssh's own failure
+            return FirstSession(master.process.wait(), out, said)
+        return FirstSession(int(rest.split()[0]) if rest.split() else 1,
+                            text.removesuffix("\n"), said)
 
     def _start(self, host: str, user: Optional[str], port: Optional[int],
-               ssh_options: Sequence[str]) -> Optional[str]:
+               ssh_options: Sequence[str], command: str) -> Optional[str]:
         key = _key(host, user, port)
         with self._lock:
-            if self._closed:
+            if self._closed or key in self._masters:
                 return None
-            if key in self._masters:
-                return key
             directory = tempfile.mkdtemp(prefix="npl-ssh-")  # 0700
             path = os.path.join(directory, "master")
             ours = ["-o", "ControlMaster=yes", "-o", f"ControlPath={path}",
                     "-o", "ControlPersist=no"]
+            remote = f"{command}; printf '\\n{_EXIT_MARK}%d\\n' \"$?\"; exec cat >/dev/null"
             argv = ["sh", "-c", _WRAPPER, directory] + ssh_base(port, ssh_options, ours)[1:] + [
-                "--", destination(host, user), "exec cat >/dev/null"]
+                "--", destination(host, user), remote]
             stderr = tempfile.TemporaryFile("w+")  # unlinked already: nothing to leave behind
-            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=stderr, start_new_session=True)
             self._masters[key] = _Master(process, stderr, directory)
             self._paths[key] = path
@@ -162,8 +177,31 @@ def _end(process: subprocess.Popen, deadline: float) -> None:
             continue
 
 
-def _last_line(stderr: IO[str]) -> str:
+def _read_until(process: subprocess.Popen, mark: str, deadline: float) -> Optional[str]:
+    """The process's output up to the line after ``mark``, or all of it if it ends first;
+    None when neither happens by ``deadline``."""
+    if process.stdout is None:
+        return None
+    fd = process.stdout.fileno()
+    data = b""
+    while True:
+        text = data.decode(errors="replace")
+        at = text.find(mark)
+        if at >= 0 and "\n" in text[at:]:
+            return text
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return text
+        data += chunk
+
+
+def _text(stderr: IO[str]) -> str:
     stderr.flush()
     stderr.seek(0)
-    lines = [line.strip() for line in stderr.read().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return stderr.read()
