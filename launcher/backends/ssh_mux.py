@@ -62,6 +62,14 @@ class _Master:
     stderr: IO[str]
     directory: str
 
+    def release_output(self) -> None:
+        """Its first session is read: node 0 keeps no more of its output (the master writes
+        none: its session's ``cat`` goes to /dev/null, its own messages to its copy of the
+        file)."""
+        self.stderr.close()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
 
 _EXIT_MARK = "npl-first-session-exit:"
 """What the master's session prints after its command, with the command's exit status."""
@@ -103,6 +111,7 @@ class SshMasters:
         master = self._masters[key]
         out = _read_until(master.process, _EXIT_MARK, time.monotonic() + timeout)
         said = _text(master.stderr)
+        master.release_output()  # one descriptor per host stays: the pipe to its stdin
         if out is None:
             return FirstSession(None, "", said)
         text, mark, rest = out.rpartition(_EXIT_MARK)
