@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence, TextIO
 
-from launcher.backends import HostfileBackend
+from launcher.backends import Backend, HostfileBackend
 from launcher.backends.ssh import ssh_argv
 from launcher.card_health import CardProblem, CardReport, check_cards
 from launcher.devices import DeviceKind, find_cards
@@ -75,14 +75,15 @@ def judge_at_start(checks: Sequence[HostCheck], min_nodes: Optional[int]) -> Sta
                                      f"{said}; {remain} host(s) go on (--min-nodes {min_nodes})",))
 
 
-def physical_cards(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> tuple[int, ...]:
+def physical_cards(plan: LaunchPlan, host: str,
+                   here: Optional[Mapping[str, str]] = None) -> tuple[int, ...]:
     """The physical ids of the cards ``plan``'s ranks use on ``host`` (none on CPU). A node
-    started here maps its logical ids through ``ASCEND_RT_VISIBLE_DEVICES``; a hostfile's ids
-    are physical already."""
+    started here (``here``: its environment) maps its logical ids through
+    ``ASCEND_RT_VISIBLE_DEVICES``; a hostfile's ids are physical already."""
     if plan.device is not DeviceKind.NPU:
         return ()
     ids = [s.device_id for s in plan.ranks if s.host == host and s.device_id is not None]
-    by_logical = {c.logical: c.physical for c in find_cards(environ)}
+    by_logical = {c.logical: c.physical for c in find_cards(here)} if here is not None else {}
     return tuple(by_logical.get(i, i) for i in ids)
 
 
@@ -119,13 +120,14 @@ class BadCards:
                          failed.ended_at, failed.cause or Cause(Outcome.FAILED, host=self.host))
 
 
-def recheck_before_restart(plan: LaunchPlan, backend: object, failed_host: Optional[str],
-                           free_within: float, environ: Mapping[str, str],
-                           err: TextIO) -> Optional[BadCards]:
+def recheck_before_restart(plan: LaunchPlan, backend: Optional[Backend],
+                           failed_host: Optional[str], free_within: float,
+                           environ: Mapping[str, str], err: TextIO) -> Optional[BadCards]:
     """Wait (at most ``free_within`` s) until no process holds ``failed_host``'s cards, then
     check them again there: over ssh for a hostfile job, in-process for one node. None: fit
     (or not checkable: a CPU job, a Slurm job, no host to blame)."""
-    cards = physical_cards(plan, failed_host, environ) if failed_host else ()
+    here = environ if backend is None else None
+    cards = physical_cards(plan, failed_host, here) if failed_host else ()
     if not cards or failed_host is None:
         return None
     err.write(f"npu-launch: checking {failed_host}'s card(s) {', '.join(map(str, cards))} "
