@@ -105,6 +105,9 @@ def cli() -> None:
 @click.option("--min-nodes", type=int, help="Leave a host whose ranks caused the last two "
               "failures out of the next attempt, while at least this many hosts remain "
               "(data parallelism: the global batch is kept).")
+@click.option("--card-free-timeout", type=float, default=60.0, show_default=True,
+              help="Before a restart, seconds to wait until no process holds the cards of the "
+              "hosts whose ranks failed; then their health is checked again.")
 @click.option("--bind-cores", metavar="auto|none|LIST", help="Bind each rank to CPU cores: "
               "auto (each card's CPU affinity from npu-smi, else this host's allowed cores "
               "split by local rank), none, or cores to split, e.g. 0-15 [default: none; auto "
@@ -314,6 +317,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         restart_backoff=options["restart_backoff"],
         restart_backoff_max=options["restart_backoff_max"],
         min_nodes=options["min_nodes"],
+        card_free_timeout=options["card_free_timeout"],
         bind_cores=options["bind_cores"],
         bind_numa=options["bind_numa"],
         rank_table_timeout=options["rank_table_timeout"],

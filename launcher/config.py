@@ -123,6 +123,9 @@ class LaunchConfig:
     min_nodes: Optional[int] = None
     """``--min-nodes``: a host whose ranks caused the last two failures is left out of the next
     attempt while at least this many hosts remain (None: never leave one out)."""
+    card_free_timeout: float = 60.0
+    """``--card-free-timeout``: before a restart, how long to wait for the failed hosts' cards
+    to be let go by every process (``launcher.card_checks``)."""
     bind_cores: Optional[str] = None
     """``--bind-cores``: ``auto``, ``none`` or a CPU list (``launcher.binding``); None: not
     given (none, or auto with ``--bind-numa``)."""
@@ -203,7 +206,8 @@ class LaunchConfig:
                                 ("--hang-grace", self.hang_grace),
                                 ("--rank-table-timeout", self.rank_table_timeout or 0.0),
                                 ("--restart-backoff", self.restart_backoff or 0.0),
-                                ("--restart-backoff-max", self.restart_backoff_max or 0.0)):
+                                ("--restart-backoff-max", self.restart_backoff_max or 0.0),
+                                ("--card-free-timeout", self.card_free_timeout)):
             if not 0 <= seconds <= limits.MAX_TIMEOUT:  # also refuses nan
                 raise ConfigError(f"{option} {seconds}: expected seconds between 0 and "
                                   f"{limits.MAX_TIMEOUT:.0f} (a week)")

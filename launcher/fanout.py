@@ -22,8 +22,9 @@ from typing import Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
 
-DESCRIPTORS_PER_AGENT = 4
-"""Node 0's per agent: output pipe, stdin pipe, the agent's log, its first rank's log."""
+DESCRIPTORS_PER_AGENT = 5
+"""Node 0's per agent: output pipe, stdin pipe, the agent's log, its first rank's log, and the
+pipe to its host's ssh control master (``launcher.backends.ssh_mux``)."""
 DESCRIPTORS_SPARE = 256
 """Node 0's own files, sockets (the payload server's connections) and the ssh clients' start."""
 

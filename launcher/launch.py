@@ -28,7 +28,9 @@ from launcher.backends import Backend, LauncherKind, TransportOptions, choose_ki
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.ssh import SshBackend
+from launcher.backends.ssh_mux import SshMasters
 from launcher.binding import bind_node
+from launcher.card_checks import check_here, judge_at_start, recheck_before_restart
 from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.cluster import run_agents
 from launcher.console_lines import RankLines
@@ -80,18 +82,21 @@ class Job:
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code."""
-    job = make_job(config, environ, err)
-    if config.dry_run:
-        if job.pod is not None and not config.json:
-            out.write(f"detected: {job.pod.describe()}\n")
-        out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
-        return 0
-    lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
-    try:
-        result = _run_monitored(job, config, environ, out, err)
-    finally:
-        lock.release()
+    """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code. One ssh
+    handshake per host: preflight's control masters carry the agents too, and end with the
+    launch however it ends (``launcher.backends.ssh_mux``)."""
+    with SshMasters() as masters:
+        job = make_job(config, environ, err, masters)
+        if config.dry_run:
+            if job.pod is not None and not config.json:
+                out.write(f"detected: {job.pod.describe()}\n")
+            out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
+            return 0
+        lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
+        try:
+            result = _run_monitored(job, config, environ, out, err)
+        finally:
+            lock.release()
     print_message(result, err)
     return result.exit_code
 
@@ -166,7 +171,12 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         err.write(f"npu-launch: restart {again} of {policy.max_restarts}"
                   f"{f' in {waited:g} s' if waited else ''} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
-        job, resume, gone = _leave_out(job, blamed, policy, attempts, err)
+        bad = recheck_before_restart(plan, job.backend, blamed[-1], config.card_free_timeout,
+                                     environ, err)  # launcher.card_checks
+        job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
+                                       policy, attempts, err, bad.why if bad else None)
+        if bad is not None and gone is None:
+            return bad.stopped(result, plan.job_id)
         if gone is not None:
             left_out.append(gone)
             blamed.clear()
@@ -185,11 +195,13 @@ def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy) -> bool:
 
 
 def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
-               attempts: "Attempts", err: TextIO) -> tuple[Job, Optional[ResumePoint], Optional[str]]:
+               attempts: "Attempts", err: TextIO, why: Optional[str] = None
+               ) -> tuple[Job, Optional[ResumePoint], Optional[str]]:
     """The job the next attempt runs, the step it resumes from, and the host it runs without
     (None: every host stays). A host leaves when ``restarts.host_to_leave_out`` names it and
     the job can go on without it: the layout still fits and the global batch splits over the
-    ranks left; else the attempt runs on every host again, and one line says why."""
+    ranks left; else the attempt runs on every host again, and one line says why. ``why``:
+    the reason to tell instead of the failures (a bad card, ``launcher.card_checks``)."""
     plan, ledger = job.plan, attempts.ledger
     resume = ledger.resume_point()
     host = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
@@ -203,13 +215,14 @@ def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
             smaller = job.without(host)
         except (ConfigError, BadInput) as e:
             problem = str(e)
+    because = why or f"its ranks caused the last {BLAMED_IN_A_ROW} failures"
     if smaller is None:
-        err.write(f"npu-launch: {host} caused the last {BLAMED_IN_A_ROW} failures but stays in "
-                  f"the job: {problem}\n")
+        err.write(f"npu-launch: {host} {why or f'caused the last {BLAMED_IN_A_ROW} failures'} "
+                  f"but stays in the job: {problem}\n")
         return job, resume, None
     new = smaller.plan
-    err.write(f"npu-launch: leaving {host} out: its ranks caused the last {BLAMED_IN_A_ROW} "
-              f"failures; {new.nnodes} host(s) and {new.world_size} rank(s) go on "
+    err.write(f"npu-launch: leaving {host} out: {because}; "
+              f"{new.nnodes} host(s) and {new.world_size} rank(s) go on "
               f"(--min-nodes {policy.min_nodes}), the global batch kept\n")
     ledger.reshape(new.world_size, new.collect_ranks, resume.step if resume else None)
     return smaller, resume.for_world(new.world_size) if resume else None, host
@@ -490,8 +503,10 @@ def _write_plan(plan: LaunchPlan) -> None:
         f.write(plan.to_json())
 
 
-def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> Job:
-    """Everything that must be true before a process starts is checked here."""
+def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO,
+             masters: Optional[SshMasters] = None) -> Job:
+    """Everything that must be true before a process starts is checked here. ``masters``:
+    where preflight's ssh connections are kept for the agents."""
     check_environment(config, environ)
     pod = pods.detect(config, environ)  # an operator's pod: this node's share, as it says
     if pod is not None:
@@ -505,8 +520,10 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) -> J
         plan, bound = bind_node(job.plan, job.node_rank)  # agents bind their own host's ranks
         notes.writelines(f"npu-launch: {line}\n" for line in bound)
         job = dataclasses.replace(job, plan=plan)
+        if pod is None and not config.rank_table:
+            check_here(plan, job.node_rank, environ, notes)
     else:
-        job = _cluster_job(config, kind, environ, err)
+        job = _cluster_job(config, kind, environ, err, masters)
     check_log_dir(job.plan.log_dir)
     _check_path_lengths(job.plan)
     limits.check_exec_sizes(((spec.label, spec.command, spec.env) for spec in job.plan.processes),
@@ -609,13 +626,14 @@ def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
 
 
 def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str, str],
-                 err: TextIO) -> Job:
+                 err: TextIO, masters: Optional[SshMasters] = None) -> Job:
     if config.sync_workdir and kind is LauncherKind.SLURM:
         raise ConfigError("--sync-workdir copies over ssh; this job starts with srun, and a "
                           "Slurm job needs its launch directory on every node already (shared "
                           "storage, or sbcast)")
     options = TransportOptions(config.ssh_port, config.ssh_options, config.launcher_args,
-                               config.ssh_fanout)
+                               config.ssh_fanout,
+                               masters if kind is LauncherKind.SSH else None)
     hosts = _selected_hosts(config, kind, environ, options)
     _check_min_nodes(config, len(hosts))
     given = master_address(config.master_addr) if config.master_addr else None
@@ -623,7 +641,7 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
     sync = None
     if kind is not LauncherKind.SLURM and config.preflight:
-        device, sync = _preflight(config, hosts, options, device, port, err)
+        device, sync, hosts = _preflight(config, hosts, options, device, port, err)
     extra = forwarded_env(environ, config.workdir)
 
     def on(kept: list[HostSelection], like: Optional[LaunchPlan] = None) -> Job:
@@ -680,21 +698,27 @@ def _slurm(config: LaunchConfig, environ: Mapping[str, str],
 
 
 def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: TransportOptions,
-               device: DeviceKind, port: int,
-               err: TextIO) -> tuple[DeviceKind, Optional[Callable[[], None]]]:
-    """The device the hosts have, once every host passed; and, with ``--sync-workdir`` and
+               device: DeviceKind, port: int, err: TextIO
+               ) -> tuple[DeviceKind, Optional[Callable[[], None]], list[HostSelection]]:
+    """The device the hosts have, once every host passed; with ``--sync-workdir`` and
     hosts that lack the launch directory or differ, the copy to make (and check) once the rest
-    of the job is known to be good: a refused job changes no host."""
+    of the job is known to be good: a refused job changes no host; and the hosts the job runs
+    on (``--min-nodes`` leaves out those with a bad card, ``card_checks.judge_at_start``)."""
     workdir = os.path.abspath(config.workdir or ".")
     files = launch_files(workdir, config.script, config.script_args)
 
     def check() -> list[HostCheck]:
-        return run_preflight(hosts, options, workdir, DeviceKind(config.device), port, files)
+        return run_preflight(hosts, options, workdir, DeviceKind(config.device), port, files,
+                             config.cards)
 
     source = LaunchDir.of(workdir, config.log_dir) if config.sync_workdir else None
     if source is not None:
         source.measure()  # over the cap: refused before any host is asked
     checks = check()
+    verdict = judge_at_start(checks, config.min_nodes)
+    err.writelines(note + "\n" for note in verdict.notes)
+    hosts = [h for h in hosts if h.host not in verdict.left_out]
+    checks = [c for c in checks if c.host not in verdict.left_out]
     sync = None
     if source is not None:
         judged = sync_stale_hosts(source, hosts, checks, options, check,
@@ -708,8 +732,8 @@ def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: Transp
         # of its cards: the others speak for it.
         known = [c.facts.get("cards", 0) for c in checks if c.facts is not None]
         with_cards = bool(known) and all(cards > 0 for cards in known)
-        return (DeviceKind.NPU if with_cards else DeviceKind.CPU), sync
-    return device, sync
+        return (DeviceKind.NPU if with_cards else DeviceKind.CPU), sync, hosts
+    return device, sync, hosts
 
 
 def _sync_then_check(source: LaunchDir, hosts: list[HostSelection], checks: list[HostCheck],

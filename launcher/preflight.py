@@ -8,7 +8,9 @@ needs them unique), or, for the first host, already has something on the master 
 fails when its launch directory is not node 0's: missing, or the files the job names
 (``launch_files``: the script, and the arguments that are files in the launch directory) missing
 or different by size or sha256. That last problem is the host's ``stale``, what
-``--sync-workdir`` (``launcher.workdir_sync``) mends.
+``--sync-workdir`` (``launcher.workdir_sync``) mends. Unless the job runs on CPU, each host
+also checks the cards its slots name (``launcher.card_health``: health, HCCL link, network
+health, device IP, no process holding them); a bad card is one of the host's ``bad_cards``.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import shlex
 import stat
 import string
 import subprocess
@@ -25,6 +28,7 @@ from typing import Mapping, Optional, Sequence
 from launcher import probe
 from launcher.backends import TransportOptions
 from launcher.backends.ssh import split_ssh_options, ssh_argv
+from launcher.card_health import CardProblem, CardReport
 from launcher.devices import DeviceKind
 from launcher.fanout import workers
 from launcher.hostfile import HostSelection, path_shown
@@ -48,10 +52,22 @@ class HostCheck:
     """Why this host's launch directory is not node 0's (no such directory, or files the job
     names missing or different), also one of ``problems``; None when it is the same, or the
     host could not be asked."""
+    card_health: Optional[CardReport] = None
+    """What the host said of its cards; None when they were not checked (a CPU job, a host
+    without device nodes, or one that could not be asked)."""
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def bad_cards(self) -> tuple[CardProblem, ...]:
+        return self.card_health.problems if self.card_health is not None else ()
+
+    @property
+    def only_cards_bad(self) -> bool:
+        """Every problem of this host is one of its cards (it could run, without them)."""
+        return bool(self.bad_cards) and len(self.problems) == len(self.bad_cards)
 
     def assuming_copied(self) -> "HostCheck":
         """This check as it would be once the launch directory is copied here (``--dry-run``)."""
@@ -102,10 +118,11 @@ def _small_file(path: str) -> bool:
 
 def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, workdir: str,
                   device: DeviceKind, master_port: Optional[int],
-                  files: Sequence[str] = ()) -> list[HostCheck]:
+                  files: Sequence[str] = (), cards_used: Optional[int] = None) -> list[HostCheck]:
     """Probe every host, at most ``options.fanout`` at once; then judge each against this host
     and the others, ``files`` (relative to ``workdir``, see ``launch_files``) by their size and
-    sha256 here.
+    sha256 here. Unless ``device`` is CPU, the first ``cards_used`` cards of each host's slots
+    (all of them: None) are checked there.
 
     A bad ``--ssh-option`` raises ``ConfigError`` here, before any host is asked."""
     split_ssh_options(options.ssh_options)
@@ -113,7 +130,8 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
     def ask(index_host: tuple[int, HostSelection]) -> _Answer:
         index, host = index_host
         port = master_port if index == 0 else None
-        return _probe(host, options, workdir, port, files)
+        cards = () if device is DeviceKind.CPU else host.cards[:cards_used]
+        return _probe(host, options, workdir, port, files, cards)
 
     with concurrent.futures.ThreadPoolExecutor(workers(options.fanout, len(hosts))) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
@@ -125,24 +143,38 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
 
 
 def _probe(host: HostSelection, options: TransportOptions, workdir: str,
-           port: Optional[int], files: Sequence[str]) -> _Answer:
+           port: Optional[int], files: Sequence[str], cards: Sequence[int] = ()) -> _Answer:
     remote = [sys.executable, "-m", "launcher.probe"] + (["--port", str(port)] if port else [])
     remote += [f"--file={path}" for path in files]  # one word each: a name may start with '-'
+    remote += ["--check-cards", ",".join(map(str, cards))] if cards else []
+    if options.masters is not None:  # the one handshake with this host, kept for its agent
+        first = options.masters.open(host.host, host.user, options.ssh_port, options.ssh_options,
+                                     f"cd -- {shlex.quote(workdir)} && {shlex.join(remote)}",
+                                     PROBE_TIMEOUT)
+        if first is not None:
+            return _judge(first.returncode, first.stdout, first.stderr, workdir)
     argv = ssh_argv(host.host, host.user, remote, workdir, options)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return _Answer(None, f"no answer in {PROBE_TIMEOUT:g} s")
-    if out.returncode == 255:
-        return _Answer(None, "unreachable: " + _last_line(out.stderr))
-    if _CD_FAILED in out.stderr or "can't cd" in out.stderr:
+    return _judge(out.returncode, out.stdout, out.stderr, workdir)
+
+
+def _judge(returncode: Optional[int], stdout: str, stderr: str, workdir: str) -> _Answer:
+    """The probe's answer from its exit status and output (None: it gave none in time)."""
+    if returncode is None:
+        return _Answer(None, f"no answer in {PROBE_TIMEOUT:g} s")
+    if returncode == 255:
+        return _Answer(None, "unreachable: " + _last_line(stderr))
+    if _CD_FAILED in stderr or "can't cd" in stderr:
         return _Answer(None, f"no directory {path_shown(workdir)} there", no_workdir=True)
-    if out.returncode == 127:  # the remote shell found no such command
+    if returncode == 127:  # the remote shell found no such command
         return _Answer(None, f"no {sys.executable} there")
-    if out.returncode != 0:
-        return _Answer(None, f"probe failed ({out.returncode}): {_last_line(out.stderr)}")
-    return _facts(out.stdout)
+    if returncode != 0:
+        return _Answer(None, f"probe failed ({returncode}): {_last_line(stderr)}")
+    return _facts(stdout)
 
 
 def _facts(stdout: str) -> _Answer:
@@ -162,8 +194,11 @@ def _check(host: HostSelection, answer: _Answer, local: dict, ours: Mapping[str,
                          answer.error if answer.no_workdir else None)
     problems = _problems(host, answer.facts, local, names, device, check_port)
     stale = files_problem(ours, _their_files(answer.facts))
-    return HostCheck(host.host, answer.facts, tuple(problems) + ((stale,) if stale else ()),
-                     stale)
+    health = CardReport.from_json(answer.facts.get("card_health"))
+    cards = tuple(f"card {p.card}: {p.problem} ({p.source})" for p in
+                  (health.problems if health else ()))
+    return HostCheck(host.host, answer.facts,
+                     tuple(problems) + ((stale,) if stale else ()) + cards, stale, health)
 
 
 def _problems(host: HostSelection, facts: dict, local: dict, names: list[str],
@@ -220,14 +255,26 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def card_column(health: Optional[CardReport]) -> str:
+    """A host's card checks in the table: ``ok (2, 0.03 s)``, ``2 bad``, ``skipped ...``."""
+    if health is None:
+        return "-"
+    said = f"{len(health.problems)} bad" if health.problems else \
+        f"ok ({len(health.cards)}, {health.seconds:.2f} s)"
+    return said + "".join(f"; skipped {what}" for what in health.skipped)
+
+
 def render(checks: Sequence[HostCheck]) -> str:
-    """The preflight table."""
-    rows = [("host", "hostname", "npu-launch", "mindspore", "cards", "status")]
+    """The preflight table; its ``card checks`` column only when some host checked cards."""
+    cards = any(check.card_health is not None for check in checks)
+    rows = [("host", "hostname", "npu-launch", "mindspore", "cards") +
+            (("card checks",) if cards else ()) + ("status",)]
     for check in checks:
         f = check.facts or {}
         rows.append((check.host, str(f.get("hostname", "-")), str(f.get("npu_launch", "-")),
-                     str(f.get("mindspore", "-")), str(f.get("cards", "-")),
-                     "ok" if check.ok else "FAIL: " + "; ".join(check.problems)))
+                     str(f.get("mindspore", "-")), str(f.get("cards", "-"))) +
+                    ((card_column(check.card_health),) if cards else ()) +
+                    ("ok" if check.ok else "FAIL: " + "; ".join(check.problems),))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
                      for r in rows)

@@ -4,7 +4,9 @@ prints one JSON line.
 Runs on the remote host, in the launch directory, with the same Python node 0 uses; imports
 nothing heavy (MindSpore's version comes from its installed metadata, not from importing it).
 Each ``--file`` (relative to the launch directory, or absolute) is reported as a ``FileFact``:
-its size and sha256, or why there is none.
+its size and sha256, or why there is none. ``--check-cards 0,1`` adds the health of those cards
+(``launcher.card_health``) when this host has device nodes; ``--wait-free S`` first waits up to
+S seconds until no process holds them (before a restart).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from importlib import metadata
 from typing import Any, Mapping, Optional, Sequence
 
 from launcher import __version__
+from launcher.card_health import check_cards
 from launcher.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
 from parallel.manifest import sha256_file
@@ -76,14 +79,20 @@ def file_facts(paths: Sequence[str], root: str) -> dict[str, FileFact]:
     return {path: file_fact(os.path.join(root, path)) for path in paths}
 
 
-def report(port: Optional[int], files: Optional[Mapping[str, FileFact]] = None) -> dict:
+def report(port: Optional[int], files: Optional[Mapping[str, FileFact]] = None,
+           cards: Sequence[int] = (), wait_free: float = 0.0) -> dict:
+    """This host's facts, as node 0 compares them; ``card_health`` only when ``cards`` were
+    asked about and this host has device nodes (a CPU host has nothing to check)."""
+    found = find_cards(os.environ)
+    health = check_cards(cards, os.environ, wait_free).to_json() if cards and found else None
     return {
         "hostname": socket.gethostname(),
         "npu_launch": __version__,
         "mindspore": _version("mindspore"),
         "python": sys.executable,
         "python_version": sys.version.split()[0],
-        "cards": len(find_cards(os.environ)),
+        "cards": len(found),
+        "card_health": health,
         "port_free": _port_free(port) if port else None,
         "files": {path: fact.to_json() for path, fact in (files or {}).items()},
     }
@@ -111,8 +120,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--file", dest="files", action="append", default=[],
                         help="a file to report (given as --file=PATH: a path may start with '-')")
+    parser.add_argument("--check-cards", default="", help="card ids to check, e.g. 0,1")
+    parser.add_argument("--wait-free", type=float, default=0.0,
+                        help="seconds to wait until no process holds those cards")
     args = parser.parse_args()
-    print(json.dumps(report(args.port, file_facts(args.files, os.getcwd()))))
+    cards = [int(c) for c in args.check_cards.split(",") if c.strip()]
+    print(json.dumps(report(args.port, file_facts(args.files, os.getcwd()), cards,
+                            args.wait_free)))
 
 
 if __name__ == "__main__":

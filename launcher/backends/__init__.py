@@ -11,6 +11,7 @@ import enum
 from typing import Mapping, Optional, Protocol
 
 from launcher.backends.common import split_ssh_options
+from launcher.backends.ssh_mux import SshMasters
 from launcher.cluster import AgentLaunch
 from launcher.hostfile import HostSelection
 from launcher.limits import DEFAULT_FANOUT
@@ -39,6 +40,9 @@ class TransportOptions:
     ssh_options: tuple[str, ...] = ()
     launcher_args: tuple[str, ...] = ()
     fanout: int = DEFAULT_FANOUT
+    masters: Optional[SshMasters] = dataclasses.field(default=None, compare=False, repr=False)
+    """This launch's ssh control masters (``launcher.backends.ssh_mux``): preflight opens one
+    per host, every later ssh to it rides on it; None: each ssh connects on its own."""
 
 
 class Backend(Protocol):
@@ -66,6 +70,11 @@ class HostfileBackend:
 
     def hosts(self) -> list[HostSelection]:
         return self._hosts
+
+    @property
+    def options(self) -> TransportOptions:
+        """How its hosts are reached (``launcher.card_checks`` asks one again over ssh)."""
+        return self._options
 
 
 def choose_kind(requested: LauncherKind, environ: Mapping[str, str],

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of, split_ssh_options
+from launcher.backends.ssh_mux import destination, ssh_base
 from launcher.cluster import AgentLaunch
 from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
@@ -21,14 +22,14 @@ def ssh_argv(host: str, user: Optional[str], remote: Sequence[str], workdir: str
     ``options.ssh_options`` are the ``--ssh-option`` values as given (split here by
     ``split_ssh_options``). The remote side is a shell, so every word is quoted; the host and
     user come from a validated hostfile, and ``--`` ends ssh's options before them, so
-    nothing after it is read as an option.
+    nothing after it is read as an option. With ``options.masters``, it rides on the host's
+    control master (``launcher.backends.ssh_mux``) when there is one.
     """
     command = f"cd -- {shlex.quote(workdir)} && exec {shlex.join(remote)}"
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-    if options.ssh_port is not None:
-        argv += ["-p", str(options.ssh_port)]
-    argv += split_ssh_options(options.ssh_options)
-    return argv + ["--", f"{user}@{host}" if user else host, command]
+    control = options.masters.path_for(host, user, options.ssh_port) if options.masters else None
+    mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
+    return ssh_base(options.ssh_port, options.ssh_options, mux) + ["--", destination(host, user),
+                                                                   command]
 
 
 class SshBackend(HostfileBackend):

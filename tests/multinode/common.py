@@ -43,6 +43,11 @@ def need_binaries(binaries: Iterable[str]) -> None:
         raise ClusterUnavailable(f"missing binaries: {' '.join(missing)} (run .ci/install-system-deps)")
 
 
+FAKE_ASCEND_DIR = "/tmp/npl-ascend"
+"""A host's fake Ascend driver: ``bin`` (tools), ``dev`` (device nodes), ``faults``; under the
+host's own ``/tmp`` (see ``ascend.py``)."""
+
+
 def sbin_path() -> str:
     """The caller's PATH with the sbin dirs appended (sshd, slurmd and ip live there)."""
     parts = os.environ.get("PATH", "").split(os.pathsep)

@@ -10,14 +10,19 @@ over ssh names it by its path, ``sys.executable``, as the launcher itself does
 (``launcher/backends/common.py`` ``python_of``). A bare ``python3`` would be whatever the remote
 login shell finds first on its ``PATH`` (another interpreter when the tests run in a virtualenv).
 sshd gives sessions the creating process's ``PATH`` plus the sbin dirs (``SetEnv``) for the
-system tools (``ip``, ``nsenter``, ``srun``), not for Python.
+system tools (``ip``, ``nsenter``, ``srun``), not for Python. Before them comes the host's own
+``/tmp/npl-ascend/bin`` (``ascend.py``: where a test puts the fake Ascend driver tools), and
+``NPU_LAUNCH_DEVFS`` points at the host's ``/tmp/npl-ascend/dev`` (its fake device nodes); both
+are missing, and so change nothing, on a host the test gave no cards.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import SSH_BINARIES, need_binaries, run_checked, sbin_path, wait_for_port
+from .common import (FAKE_ASCEND_DIR, SSH_BINARIES, need_binaries, run_checked, sbin_path,
+                     wait_for_port)
 from .netns import Host
 
 if TYPE_CHECKING:
@@ -66,13 +71,21 @@ def write_sshd_config(h: Host, hostkey: Path, authorized_keys: Path) -> Path:
         "PrintMotd no",
         "MaxStartups 100:30:200",
         "MaxSessions 100",
-        f'SetEnv "PATH={sbin_path()}"',
+        f'SetEnv "PATH={FAKE_ASCEND_DIR}/bin:{sbin_path()}" '
+        f'"NPU_LAUNCH_DEVFS={FAKE_ASCEND_DIR}/dev"{_pythonpath()}',
         "Subsystem sftp internal-sftp",
         "LogLevel ERROR",
     ]
     path = d / "sshd_config"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _pythonpath() -> str:
+    """The tests' ``PYTHONPATH`` for the sessions too, when one is set: the code under test (a
+    git worktree, say) is then what every host imports, as hosts of one image would."""
+    path = os.environ.get("PYTHONPATH")
+    return f' "PYTHONPATH={path}"' if path else ""
 
 
 def write_ssh_config(hosts: list[Host], key: Path, known_hosts: Path, path: Path) -> Path:

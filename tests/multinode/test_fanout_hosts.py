@@ -5,7 +5,8 @@ reaches every host whole.
 Every ``ssh`` node 0 runs goes through a recorder first on its ``PATH`` (``RECORDER``): it runs
 the real ssh as its child and marks, with the time, its start, the first control line it passes
 on (an agent counts as connecting until node 0 reads that line: the recorder sees it first), and
-the real ssh's end (node 0 waits for the recorder, which ends after). Each marked interval lies
+the real ssh's end (node 0 waits for the recorder, which ends after); a probe run as its host's
+ssh control master's own session is done when its end marker passes. Each marked interval lies
 inside the one node 0 counts, so intervals that do not overlap show node 0's did not either.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ mark("start")
 ssh = subprocess.Popen([{ssh!r}, *sys.argv[1:]], stdout=subprocess.PIPE)
 said = False
 while chunk := os.read(ssh.stdout.fileno(), 65536):
-    if not said and b"\\x1eNPL " in chunk:
+    if not said and (b"\\x1eNPL " in chunk or b"npl-first-session-exit:" in chunk):
         mark("up")
         said = True
     os.write(1, chunk)
@@ -57,11 +58,15 @@ def _recording_path(cluster, tmp: Path) -> tuple[dict, Path]:
     return {**cluster.env, "PATH": f"{bin_dir}:{cluster.env['PATH']}"}, log
 
 
-def _intervals(cluster, log: Path, kind: str, until: str) -> list[tuple[float, float]]:
+def _intervals(cluster, log: Path, kind: str, *until: str) -> list[tuple[float, float]]:
+    """Each ssh of ``kind``: its start to the first of its ``until`` marks."""
     text = cluster.read_text(cluster.names[0], log) or ""
     marks = [line.split() for line in text.splitlines()]
     began = {pid: float(t) for word, k, pid, t in marks if word == "start" and k == kind}
-    ended = {pid: float(t) for word, k, pid, t in marks if word == until and k == kind}
+    ended: dict[str, float] = {}
+    for word, k, pid, t in marks:
+        if word in until and k == kind:
+            ended[pid] = min(ended.get(pid, float(t)), float(t))
     return sorted((began[pid], ended[pid]) for pid in ended)
 
 
@@ -82,7 +87,9 @@ def test_fanout_1_asks_and_connects_one_host_at_a_time(ssh_cluster, tmp_path: Pa
     for rank in (0, 1):  # node 0's copy of each rank's log: every host had the plan whole
         text = ssh_cluster.read_text(ssh_cluster.names[0], tmp_path / "logs" / f"rank_{rank}.log")
         assert text is not None and "BIG 100003 end" in text, (rank, text)
-    probes = _intervals(ssh_cluster, log, "probe", "end")
+    # A probe runs as its host's ssh control master's first session (launcher.backends.ssh_mux):
+    # it is done when its end marker passes, while that ssh lives on for the agent.
+    probes = _intervals(ssh_cluster, log, "probe", "up", "end")
     agents = _intervals(ssh_cluster, log, "agent", "up")
     assert len(probes) == 2 and len(agents) == 2, ssh_cluster.read_text(ssh_cluster.names[0], log)
     assert _one_at_a_time(probes), probes

@@ -1,0 +1,49 @@
+"""``launcher.backends.ssh_mux`` without a host to reach: a master that cannot connect says why
+and leaves nothing; ``ssh_argv`` rides on a master once there is one. (Masters that connect:
+``tests/multinode/test_ssh_masters_hosts.py``.)"""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+from launcher.backends import TransportOptions
+from launcher.backends.ssh import ssh_argv
+from launcher.backends.ssh_mux import SshMasters
+
+NO_NETWORK = ("-o ProxyCommand=false",)  # ssh fails at once, no DNS or TCP involved
+
+
+def _ours() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "npl-ssh-*")))
+
+
+def test_a_master_that_cannot_connect_says_why_and_leaves_nothing() -> None:
+    before = _ours()
+    masters = SshMasters()
+    first = masters.open("node1", "me", 2222, NO_NETWORK, "true", timeout=60)
+    assert first is not None and first.returncode == 255, first
+    assert first.stderr.strip().splitlines()[-1] == "Connection closed by UNKNOWN port 65535"
+    path = masters.path_for("node1", "me", 2222)
+    assert path is not None and not os.path.exists(path)
+    assert masters.open("node1", "me", 2222, NO_NETWORK, "true", 60) is None, "one per host"
+    masters.close()
+    masters.close()  # idempotent
+    assert _ours() == before
+    assert masters.open("node2", "me", 2222, NO_NETWORK, "true", 60) is None, "ending"
+
+
+def test_ssh_argv_rides_on_the_hosts_master_when_there_is_one() -> None:
+    with SshMasters() as masters:
+        options = TransportOptions(ssh_port=2222, ssh_options=("-F 'my config'",),
+                                   masters=masters)
+        plain = ssh_argv("node1", None, ["true"], "/w", options)
+        assert "ControlPath" not in " ".join(plain)
+        masters.open("node1", None, 2222, NO_NETWORK, "true", timeout=60)
+        argv = ssh_argv("node1", None, ["true"], "/w", options)
+        path = masters.path_for("node1", None, 2222)
+        assert argv[:9] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
+                            "ControlMaster=no", "-o", f"ControlPath={path}"]
+        assert argv[9:13] == ["-p", "2222", "-F", "my config"]
+        other = ssh_argv("node2", None, ["true"], "/w", options)
+        assert "ControlPath" not in " ".join(other), "only a host with a master rides on one"
