@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -29,8 +30,11 @@ class _NpuLaunchCount:
     def find_spec(self, name, path=None, target=None):
         if name == "mindspore":
             sys.meta_path.remove(self)
-            with open({log!r}, "a") as f:
-                f.write(__import__("json").dumps([os.getpid(), sys.argv]) + "\\n")
+            try:
+                with open({log!r}, "a") as f:
+                    f.write(__import__("json").dumps([os.getpid(), sys.argv]) + "\\n")
+            except OSError:  # counting must never change what runs
+                pass
         return None
 sys.meta_path.insert(0, _NpuLaunchCount())
 """
@@ -53,7 +57,8 @@ def main() -> int:
     parser.add_argument("--json", help="write the counts here too")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    log = Path(tempfile.mkdtemp(prefix="ms-starts-")) / "starts.jsonl"
+    # Not under /tmp: the multi-node tests' hosts each have a private /tmp, but share the rest.
+    log = Path(tempfile.mkdtemp(prefix=".ms-starts-", dir=os.getcwd())) / "starts.jsonl"
     log.touch()
     os.chmod(log.parent, 0o777)
     os.chmod(log, 0o666)
@@ -64,6 +69,7 @@ def main() -> int:
     finally:
         pth.unlink()
     starts = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    shutil.rmtree(log.parent)
     kinds = collections.Counter(kind_of(argv) for _, argv in starts)
     print(f"MindSpore start-ups: {len(starts)} (command exited {code})")
     for kind, n in kinds.most_common():
