@@ -122,6 +122,7 @@ def help_placeholders() -> set[str]:
     """Every ``<...>`` in the commands' help texts (``<job id>``), which mkdocs-click writes out
     as it is and the Markdown renderer would take for an HTML tag."""
     import click
+
     from launcher.cli import cli
 
     def texts(command: click.Command) -> Iterator[str]:
