@@ -67,8 +67,8 @@ def in_process_cost(blocks: int, steps: int) -> None:
     blocks of ``steps`` steps (the hook patched in and out between blocks); the median of the
     blocks' step time per setting, and the median of each adjacent pair's ratio. This removes
     the run-to-run noise of separate jobs."""
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import nn
     from mindspore.dataset.engine import iterators
     from mindspore.nn import cell

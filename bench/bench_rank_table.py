@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from rank_tables.ascend import AscendHost
 from launcher.rank_table_cluster import ClusterConfig, cluster_table
+from rank_tables.ascend import AscendHost
 from rank_tables.generate import GenerateConfig, generate_server
 from rank_tables.merge import merge_tables
 from rank_tables.table import RankTable, load_rank_table

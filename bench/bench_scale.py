@@ -66,7 +66,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import psutil
-
 from bench_nodes import load_cluster
 
 HERE = Path(__file__).resolve().parent
@@ -396,7 +395,8 @@ def plot(runs: list[Run], path: Path) -> None:
         sizes = sorted({r.hosts for r in mine})
         label = f" ({variant})" if len(variants) > 1 else ""
 
-        def curve(mode: str, field: str) -> list[Optional[float]]:
+        def curve(mode: str, field: str, mine: list = mine, sizes: list = sizes
+                  ) -> list[Optional[float]]:
             return [median([r for r in mine if r.hosts == n and r.mode == mode], field)
                     for n in sizes]
         times.plot(sizes, curve("ok", "start"), "o-", label=f"launch -> all ranks started{label}")

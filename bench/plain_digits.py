@@ -19,7 +19,8 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import dataset as ds, nn
+from mindspore import dataset as ds
+from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Callback, Model
 

@@ -7,8 +7,8 @@ the all-reduce.)
 import argparse
 import time
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 from mindspore.communication import get_rank, init
 

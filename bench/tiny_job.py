@@ -7,8 +7,8 @@ MindSpore's init() returns, `done` after training, `fail` just before the failin
 import os
 import time
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 

@@ -36,8 +36,8 @@ from launcher import control, payload
 from launcher.binding import bind_node
 from launcher.checkpoints import MissingCheckpoint, place_for_resume
 from launcher.collect import Uploader, shares_storage
-from launcher.errors import LaunchError
 from launcher.config import ConsoleFilter
+from launcher.errors import LaunchError
 from launcher.events import prepare_dirs
 from launcher.failures import Cause, JobResult, Outcome
 from launcher.limits import whole_number

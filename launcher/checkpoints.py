@@ -37,9 +37,8 @@ import threading
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from launcher.payload import Upload
-from parallel.manifest import (MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files,
-                               fsync_dir, sha256_file)
 from parallel.contract import Event
+from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir, sha256_file
 
 LEDGER_DIR = "checkpoint_ledger"
 FILES = "files.json"

@@ -16,23 +16,29 @@ from typing import Any, Iterator, Optional, Sequence
 import click
 from click.core import ParameterSource
 
-from launcher import __version__
+from launcher import __version__, msrun_compat
+from launcher.backends import TransportOptions
 from launcher.cli_help import GroupedCommand, HelpGroup
-from parallel import contract
-from launcher.config import (ConsoleFilter, FileSetting, LaunchConfig, check_env_name,
-                             check_known_keys, fanout_in_force, parse_env_pairs,
-                             read_config_file)
+from launcher.config import (
+    ConsoleFilter,
+    FileSetting,
+    LaunchConfig,
+    check_env_name,
+    check_known_keys,
+    fanout_in_force,
+    parse_env_pairs,
+    read_config_file,
+)
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
-from launcher.limits import shell_words, shown
-from launcher.report import report
-from parallel.config import ParallelConfig
-from launcher.rank_table_cli import rank_table
-from launcher.backends import TransportOptions
 from launcher.hostfile import read_hostfile, select_hosts
 from launcher.launch import launch, make_job
-from launcher import msrun_compat
+from launcher.limits import shell_words, shown
 from launcher.preflight import render, run_preflight
+from launcher.rank_table_cli import rank_table
+from launcher.report import report
+from parallel import contract
+from parallel.config import ParallelConfig
 
 _FILE_ONLY_KEYS = ("script", "script_args")
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from launcher import control
 from launcher.config import ConsoleFilter
-from launcher.fanout import Admission, open_files_needed, raise_open_files
 from launcher.failures import Cause, JobResult, Outcome, exit_code_of, last_lines_block
+from launcher.fanout import Admission, open_files_needed, raise_open_files
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec
 from launcher.process import Exit, ProcessGroup

@@ -13,12 +13,12 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from launcher import limits
-from parallel import contract
 from launcher.binding import check_options as check_binding
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from launcher.limits import shown
 from launcher.script_check import check_python_source
+from parallel import contract
 from parallel.config import ParallelConfig
 
 

@@ -7,8 +7,8 @@ import os
 import re
 from typing import Mapping
 
-from parallel import contract
 from launcher.errors import ConfigError
+from parallel import contract
 
 """Where to look for ``davinciN`` nodes instead of ``/dev``: lets tests stand in for a host
 with cards by creating plain files named like the driver's device nodes."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from parallel import contract
 from launcher.errors import ConfigError
-from launcher.limits import read_bounded_text, shown, ENV_NAME
+from launcher.limits import ENV_NAME, read_bounded_text, shown
+from parallel import contract
 
 FORWARDED_PREFIXES = ("MS_", "HCCL_", "ASCEND_", "PYTHON", contract.PREFIX, "GLOG_", "OMP_",
                       "LD_LIBRARY_PATH")

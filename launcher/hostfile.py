@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from launcher.errors import ConfigError, HostfileError
-from launcher.limits import (MAX_FILE_BYTES, MAX_NODES, MAX_RANKS_PER_NODE, NotUtf8, read_at_most,
-                             shown, utf8_text, whole_number)
+from launcher.limits import (
+    MAX_FILE_BYTES,
+    MAX_NODES,
+    MAX_RANKS_PER_NODE,
+    NotUtf8,
+    read_at_most,
+    shown,
+    utf8_text,
+    whole_number,
+)
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")

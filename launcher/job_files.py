@@ -17,15 +17,13 @@ import os
 import stat
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Sequence
 
-from launcher.errors import LaunchError
-from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN,
-                             whole_number)
 from launcher import startup
+from launcher.errors import LaunchError
+from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN, whole_number
 from launcher.monitor import JobState, build_summary, exec_mode_of
-from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from parallel.config import ExecMode
-from rank_tables.bounded import (JSON_DECODER, LongNumber, UnreadableFile, display_name,
-                                 parse_json, read_text)
+from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from rank_tables.bounded import JSON_DECODER, LongNumber, UnreadableFile, display_name, parse_json, read_text
 
 MAX_SUMMARY_BYTES = MAX_RANK_TABLE_BYTES
 """``summary.json``: a few hundred bytes per rank and evaluation, so room for thousands of ranks."""

@@ -22,7 +22,6 @@ import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher import limits, pods, ports
-from parallel import contract
 from launcher.agent import payload_for
 from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
 from launcher.backends.mpi import MpiBackend
@@ -33,32 +32,49 @@ from launcher.binding import bind_node
 from launcher.card_checks import check_here, judge_at_start, recheck_before_restart
 from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.cluster import run_agents
-from launcher.console_lines import RankLines
 from launcher.collect import launcher_node, mark_storage
 from launcher.config import LaunchConfig, check_environment
+from launcher.console_lines import RankLines
 from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
 from launcher.envfile import forwarded_env
 from launcher.errors import ConfigError, LaunchError
 from launcher.events import prepare_dirs
 from launcher.failures import Cause, JobResult, Outcome, stall_cause
-from launcher.monitor import JobMonitor
+from launcher.frameworks import FrameworkNote, mindspore_only
 from launcher.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.joblock import LogDirLock, check_log_dir
+from launcher.monitor import JobMonitor
 from launcher.output import Console
 from launcher.payload import serving
-from launcher.frameworks import FrameworkNote, mindspore_only
 from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.preflight import HostCheck, launch_files, render, run_preflight
-from launcher.restarts import (BLAMED_IN_A_ROW, AttemptRecord, FailurePoint, Policy,
-                               blamed_host, cannot_help, host_to_leave_out, shrink_problem,
-                               stop_restarting)
-from launcher.rank_table_mode import (AUTO, GENERATED_NAME, load_or_generate, local_candidates,
-                                      node_share)
-from launcher.stalls import (HANG_EXIT_CODE, HangCheck, Learnt, Limits, StackSample, Stall,
-                             describe_stall, native_path, stalled_before)
+from launcher.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
+from launcher.restarts import (
+    BLAMED_IN_A_ROW,
+    AttemptRecord,
+    FailurePoint,
+    Policy,
+    blamed_host,
+    cannot_help,
+    host_to_leave_out,
+    shrink_problem,
+    stop_restarting,
+)
+from launcher.stalls import (
+    HANG_EXIT_CODE,
+    HangCheck,
+    Learnt,
+    Limits,
+    StackSample,
+    Stall,
+    describe_stall,
+    native_path,
+    stalled_before,
+)
 from launcher.supervisor import print_message, run_local
 from launcher.watch import wait_unless_signalled
 from launcher.workdir_sync import LaunchDir, sync_stale_hosts
+from parallel import contract
 from parallel.contract import BadInput, Event
 from rank_tables.table import RankTable
 

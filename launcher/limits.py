@@ -13,9 +13,17 @@ from typing import Iterable, Mapping, Sequence
 
 from launcher.errors import ConfigError
 from parallel.contract import MAX_SHOWN, shown
-from rank_tables.bounded import (MAX_DEVICE_ID, MAX_FILE_BYTES, MAX_JSON_DEPTH,
-                                 MAX_RANK_TABLE_BYTES, PIPE_WAIT, NotUtf8, read_at_most,
-                                 utf8_text, whole_number)
+from rank_tables.bounded import (
+    MAX_DEVICE_ID,
+    MAX_FILE_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_RANK_TABLE_BYTES,
+    PIPE_WAIT,
+    NotUtf8,
+    read_at_most,
+    utf8_text,
+    whole_number,
+)
 
 # Re-exported: the host side takes every bound from here (the rank-table library, below the
 # launcher, owns the ones it needs itself).

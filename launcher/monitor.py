@@ -36,15 +36,14 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, TextIO, TypeVar
 
+from launcher.console_lines import runs_text
 from launcher.failures import Cause
 from launcher.restarts import AttemptRecord
 from launcher.stalls import RankProgress, Stall
-from launcher.console_lines import runs_text
 from launcher.startup import Marks, describe, job_phases
 from parallel import contract
 from parallel.config import ExecMode
-from parallel.contract import (EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE,
-                               Event)
+from parallel.contract import EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from parallel.manifest import RankFile, atomic_write_bytes, complete_files
 
 _LIVE_INTERVAL = 1.0

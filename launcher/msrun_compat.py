@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from launcher.errors import ConfigError, LaunchError
 from launcher.limits import shown, whole_number
-from launcher.msrun_values import bind_value, bind_numa_value
+from launcher.msrun_values import bind_numa_value, bind_value
 from parallel.contract import BadInput
 
 SAID_BY_MSRUN = {

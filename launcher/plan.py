@@ -13,11 +13,11 @@ import os
 import shlex
 from typing import Any, Mapping, Optional, Sequence
 
-from parallel import contract
 from launcher.binding import Binding, planned
 from launcher.checkpoints import ResumePoint
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
+from parallel import contract
 
 SCHEDULER_MODULE = "parallel.scheduler"
 # MindSpore retries refused connections every 3-5 s by default; the rank hook already waits for

@@ -37,8 +37,7 @@ from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError, LaunchError
-from launcher.limits import (MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, check_path_length,
-                             read_at_most, shown)
+from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, check_path_length, read_at_most, shown
 from launcher.plan import LaunchPlan
 from rank_tables.bounded import whole_number
 

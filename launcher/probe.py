@@ -26,7 +26,6 @@ from launcher.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
 from parallel.manifest import sha256_file
 
-
 _PROBLEMS = ("missing", "not a regular file", "unreadable")
 
 

@@ -17,10 +17,10 @@ from typing import Mapping, Optional
 
 import psutil
 
-from parallel import contract
 from launcher.output import LineSink, Pump
-from launcher.stdin_feed import StdinFeed
 from launcher.plan import ProcessSpec
+from launcher.stdin_feed import StdinFeed
+from parallel import contract
 
 _POLL_INTERVAL = 0.02
 

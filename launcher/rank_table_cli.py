@@ -13,15 +13,14 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from parallel import contract
-
 from launcher.errors import ConfigError, LaunchError
-from parallel.contract import BadInput
-from rank_tables.errors import RankTableError
 from launcher.limits import MAX_NODES, shown, whole_number
+from launcher.rank_table_cluster import ClusterConfig, cluster_table, parse_host_paths
+from parallel import contract
+from parallel.contract import BadInput
 from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
 from rank_tables.bounded import display_name
-from launcher.rank_table_cluster import ClusterConfig, cluster_table, parse_host_paths
+from rank_tables.errors import RankTableError
 from rank_tables.generate import GenerateConfig, GeneratedServer, generate_server, parse_assignments, parse_device_list
 from rank_tables.merge import merge_tables
 from rank_tables.show import format_table

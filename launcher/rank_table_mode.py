@@ -15,10 +15,10 @@ from typing import Mapping, Optional, Sequence
 import psutil
 
 from launcher.devices import Card, DeviceKind
-from parallel import contract
 from launcher.errors import ConfigError
 from launcher.limits import shown
 from launcher.plan import RankAssignment
+from parallel import contract
 from rank_tables.ascend import ASCEND_TOOL_DIR, AscendHost, this_host_ip
 from rank_tables.generate import GenerateConfig, generate_server
 from rank_tables.table import RankTable, load_rank_table

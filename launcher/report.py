@@ -18,11 +18,10 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 
 import click
 
-from parallel import contract
 from launcher.errors import LaunchError
-from launcher.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, \
-    summary_from_metrics
+from launcher.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, summary_from_metrics
 from launcher.monitor import describe_modes
+from parallel import contract
 from rank_tables.bounded import display_name
 
 __all__ = ["report", "run_report", "read_records", "summary_from_metrics", "step_series",

@@ -21,12 +21,20 @@ from typing import Mapping, Optional, TextIO
 
 from launcher.config import ConsoleFilter
 from launcher.events import EventTail
-from launcher.failures import (Cause, ErrorReport, Failure, JobResult, Outcome, describe_failure,
-                               describe_stuck, root_cause)
+from launcher.failures import (
+    Cause,
+    ErrorReport,
+    Failure,
+    JobResult,
+    Outcome,
+    describe_failure,
+    describe_stuck,
+    root_cause,
+)
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import Limits, StackSample, Stacks, StallWatch, sample_stacks
+from launcher.stalls import Limits, Stacks, StackSample, StallWatch, sample_stacks
 from launcher.watch import Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event

@@ -27,8 +27,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from parallel.manifest import (MANIFEST, DataPosition, Manifest, PathLike, RankFile,  # noqa: F401
-                               atomic_save, atomic_write_bytes, sha256_file)  # (re-exported)
+from parallel.manifest import (  # noqa: F401
+    MANIFEST,
+    DataPosition,
+    Manifest,
+    PathLike,
+    RankFile,
+    atomic_save,  # (re-exported)
+    atomic_write_bytes,
+    sha256_file,
+)
 
 EXTRA_PREFIX = "npu_launch."
 """Names of the non-parameter entries in a rank file (loss scale, data position)."""

@@ -27,8 +27,7 @@ import dataclasses
 import enum
 import os
 from pathlib import Path
-from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple,
-                    Union)
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import mindspore.dataset as ds
 import numpy as np

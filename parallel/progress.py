@@ -37,8 +37,7 @@ import functools
 import threading
 from typing import Any, Callable, Optional
 
-from parallel import contract
-from parallel import events
+from parallel import contract, events
 
 INTERVAL = 0.5
 """Seconds between two progress events of a rank, at most 2 a second."""

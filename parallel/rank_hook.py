@@ -41,9 +41,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, Sequence, Type
 
-from parallel import contract
-from parallel import events
-from parallel import progress
+from parallel import contract, events, progress
 
 _PR_SET_PDEATHSIG = 1
 

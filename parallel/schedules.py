@@ -93,8 +93,8 @@ def optimizer_steps(batches_per_epoch: int, epochs: int, accumulation: int = 1) 
 
 
 def _table_schedule(values: list[float]) -> Any:
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import ops
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 

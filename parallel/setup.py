@@ -16,8 +16,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import mindspore as ms
 
-from parallel import contract
-from parallel import events
+from parallel import contract, events
 from parallel.config import DeviceTarget, ExecMode, ParallelConfig, ParallelMode
 from parallel.topology import RankInfo, coordinates_of, groups_of
 

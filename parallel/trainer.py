@@ -30,11 +30,18 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import contract
-from parallel import amp, checkpoint, events, preemption
+from parallel import amp, checkpoint, contract, events, preemption
 from parallel.config import ExecMode
-from parallel.train_cells import (AccumulateStep, Accumulators, ApplyAccumulated, EvalStep,
-                                  NetWithLoss, RowGather, ScaledLoss, TrainStep)
+from parallel.train_cells import (
+    AccumulateStep,
+    Accumulators,
+    ApplyAccumulated,
+    EvalStep,
+    NetWithLoss,
+    RowGather,
+    ScaledLoss,
+    TrainStep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -687,7 +694,7 @@ def _pynative_source(info: Optional[RankLike]) -> str:
     if chosen is None:
         return ("MindSpore's default: parallel.init() selects GRAPH_MODE, or call "
                 "mindspore.set_context(mode=mindspore.GRAPH_MODE)")
-    source = getattr(info, "exec_mode_source")
+    source = getattr(info, "exec_mode_source")  # noqa: B009 (RankLike has no such attribute)
     if chosen is ExecMode.PYNATIVE:
         return f"chosen by {source}"
     return f"set after {source} selected GRAPH_MODE"

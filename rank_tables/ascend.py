@@ -23,10 +23,9 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from rank_tables.errors import TableInputError
 from parallel.contract import shown
-from rank_tables.bounded import MAX_DEVICE_ID, MAX_FILE_BYTES, whole_number
-from rank_tables.bounded import UnreadableFile, read_text
+from rank_tables.bounded import MAX_DEVICE_ID, MAX_FILE_BYTES, UnreadableFile, read_text, whole_number
+from rank_tables.errors import TableInputError
 
 """Where to look for ``davinciN`` device nodes instead of ``/dev`` (tests use plain files)."""
 DEFAULT_DEVFS = Path("/dev")

@@ -12,11 +12,10 @@ import dataclasses
 import re
 from typing import Iterable, Mapping, Optional
 
-from rank_tables.errors import TableInputError
 from parallel.contract import shown
-from rank_tables.bounded import MAX_DEVICE_ID, whole_number
 from rank_tables.ascend import AscendHost, DeviceIp
-from rank_tables.bounded import display_name
+from rank_tables.bounded import MAX_DEVICE_ID, display_name, whole_number
+from rank_tables.errors import TableInputError
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, SuperPod, check_table
 from rank_tables.validate import HOST_NIC_RESERVED, MAX_PORT, VERSIONS
 

@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from rank_tables.errors import RankTableError
 from parallel.contract import shown
-from rank_tables.bounded import MAX_RANK_TABLE_BYTES
-from rank_tables.bounded import UnreadableFile, display_name, parse_json, read_text
+from rank_tables.bounded import MAX_RANK_TABLE_BYTES, UnreadableFile, display_name, parse_json, read_text
+from rank_tables.errors import RankTableError
 from rank_tables.validate import Problem, validate
 
 Extra = tuple[tuple[str, Any], ...]

@@ -8,9 +8,10 @@ imports, so it also runs under msrun.
 import argparse
 import os
 
-import numpy as np
 import mindspore as ms
-from mindspore import dataset as ds, nn
+import numpy as np
+from mindspore import dataset as ds
+from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 
 

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 import parallel

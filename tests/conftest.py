@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import pytest
-
 from helpers import launcher_variables, module_marks, rejects_marks
 
 CI_SKIP = "skipped under CI=true, where every test must run"

@@ -271,7 +271,7 @@ def _stages_fit_nodes(pp: int, nnodes: int) -> bool:
 
 @st.composite
 def layouts(draw: st.DrawFn, max_world: int = 16, nnodes: Optional[st.SearchStrategy] = None,
-            full_batch: st.SearchStrategy = st.booleans()) -> Layout:
+            full_batch: st.SearchStrategy = st.booleans()) -> Layout:  # noqa: B008 (immutable)
     """Valid layouts: every rule in ``parallel/config.py``'s docstring holds for them.
 
     ``dp*mp*pp == world`` (``dp`` given or left out), ``micro_batches >= pp``, the global batch
@@ -345,6 +345,6 @@ def rejects_marks(markexpr: str, marks: frozenset[str]) -> bool:
     others = sorted(set(_IDENT.findall(markexpr)) - _KEYWORDS - marks)
     for chosen in itertools.product((False, True), repeat=len(others)):
         present = marks | {name for name, on in zip(others, chosen) if on}
-        if expression.evaluate(lambda name, **kwargs: name in present):
+        if expression.evaluate(lambda name, present=present, **kwargs: name in present):
             return False
     return True

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
 pytestmark = pytest.mark.mindspore

@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_one_line_error, npu_launch_argv, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")

@@ -14,12 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import ASCEND_FIXTURES, RANK_SCRIPTS, assert_one_line_error, fake_ascend_env, run_launcher
 
-from helpers import ASCEND_FIXTURES, RANK_SCRIPTS, assert_one_line_error, fake_ascend_env, \
-    run_launcher
 from launcher import binding
-from launcher.binding import Binding, HostCores, bind_node, format_cpu_list, parse_cpu_list, \
-    read_topo, resolve, split
+from launcher.binding import Binding, HostCores, bind_node, format_cpu_list, parse_cpu_list, read_topo, resolve, split
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
 from launcher.errors import ConfigError
@@ -186,7 +184,7 @@ def test_the_plan_carries_the_rule_and_each_node_finds_its_own_cores(weird_tmp: 
     restarted = on_b.restarted(1)
     assert restarted.ranks[3].binding == bound.binding and restarted.ranks[3].env["NPU_LAUNCH_CPUS"] == "2-3"
     with pytest.raises(RuntimeError, match="started before its cores were found"):
-        on_b.ranks[0].command
+        _ = on_b.ranks[0].command
 
 
 def test_npu_ranks_follow_their_physical_card(weird_tmp: Path) -> None:

@@ -13,9 +13,17 @@ from typing import Optional
 
 import psutil
 import pytest
+from helpers import (
+    RANK_SCRIPTS,
+    assert_no_job_processes,
+    assert_one_line_error,
+    checksums,
+    job_pids,
+    npu_launch_argv,
+    wait_for,
+    worker_pid,
+)
 
-from helpers import RANK_SCRIPTS, assert_no_job_processes, assert_one_line_error, checksums, \
-    job_pids, npu_launch_argv, wait_for, worker_pid
 from launcher.binding import format_cpu_list, split
 
 # The affinity ranks are plain Python: no MindSpore scheduler runs for them; the one MindSpore

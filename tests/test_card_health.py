@@ -11,13 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from helpers import (assert_one_line_error, fake_devfs, initialised, npu_launch_argv,
-                     run_launcher, wait_for)
+from helpers import assert_one_line_error, fake_devfs, initialised, npu_launch_argv, run_launcher, wait_for
 
 from launcher.card_checks import judge_at_start, skipped_note
-from launcher.card_health import (CardProblem, CardReport, check_cards, holders_of,
-                                  parse_npu_smi_info)
+from launcher.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
 from launcher.errors import LaunchError
 from launcher.preflight import HostCheck
 

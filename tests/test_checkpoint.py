@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import REPO
 from parallel import checkpoint
 from parallel.checkpoint import DataPosition
 

@@ -28,10 +28,10 @@ from typing import Any, Iterator, Optional
 
 import psutil
 import yaml
+from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv
 from launcher.cli import run_command
 
 EXAMPLES = int(os.environ.get("NPU_LAUNCH_PROPERTY_EXAMPLES", "60"))

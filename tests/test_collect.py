@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-
 from helpers import run_launcher
+
 from launcher import control
 from launcher.agent import ControlReporter, NodeZero, _uploader
 from launcher.checkpoints import CheckpointLedger
-from launcher.collect import (STORAGE_MARKER, Uploader, launcher_node, mark_storage,
-                              shares_storage, upload_of)
+from launcher.collect import STORAGE_MARKER, Uploader, launcher_node, mark_storage, shares_storage, upload_of
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
 from launcher.errors import LaunchError

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_no_job_processes, checksums, run_launcher
+
 from launcher.config import LaunchConfig
 from launcher.devices import Card, DeviceKind
 from launcher.events import prepare_dirs
@@ -38,12 +39,12 @@ def _config(tmp: Path, **kw) -> LaunchConfig:
     return LaunchConfig(script=str(script), python="/usr/bin/python3", workdir=str(tmp), **kw)
 
 
-def _plan(tmp: Path, nodes: int = 1, config: dict = {}, **kw) -> LaunchPlan:
+def _plan(tmp: Path, nodes: int = 1, config: Optional[dict] = None, **kw) -> LaunchPlan:
     cards = (Card(0, 0), Card(1, 1))
     inputs = PlanInputs(job_id="j", log_dir=str(tmp / "logs"), master_addr="10.0.0.1",
                         master_port=29500, device=DeviceKind.CPU, token=kw.pop("token", "t"),
                         nodes=tuple(Node(f"h{n}", n, cards) for n in range(nodes)), **kw)
-    return build_plan(_config(tmp, **config), inputs)
+    return build_plan(_config(tmp, **(config or {})), inputs)
 
 
 def _cache_env(plan: LaunchPlan) -> list[dict[str, str]]:
@@ -125,7 +126,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in CACHE_VARS}, **extra}
 
 
-def _run(logs: Path, job: str, *args: str, env: dict[str, str] = {}) -> tuple[str, str]:
+def _run(logs: Path, job: str, *args: str, env: Optional[dict[str, str]] = None) -> tuple[str, str]:
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
                           str(logs), *args, env=env or _env())
     assert result.returncode == 0, result.stderr[-3000:]

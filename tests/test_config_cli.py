@@ -7,7 +7,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_one_line_error, fake_devfs, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")

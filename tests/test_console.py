@@ -7,7 +7,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, TESTS, assert_no_job_processes, per_rank, run_launcher
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")

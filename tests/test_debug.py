@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pexpect
-
 from helpers import REPO, assert_no_job_processes
 
 

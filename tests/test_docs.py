@@ -13,12 +13,12 @@ from pathlib import Path
 from types import ModuleType
 
 import click
+import messages
 import pytest
 import yaml
 from click.testing import CliRunner
-
-import messages
 from helpers import REPO
+
 from launcher import cli_help
 from launcher.cli import cli
 from parallel import contract
@@ -186,7 +186,7 @@ def test_help_groups_every_option_and_shows_defaults() -> None:
     grouped = [n for _, names in cli_help.OPTION_GROUPS for n in names]
     assert len(grouped) == len(set(grouped))
     hangs = text[text.index("\nHangs:\n"):text.index("\nLogs and console:\n")]
-    assert "--hang-timeout" in hangs and "[default: 600.0]" in hangs
+    assert "--hang-timeout" in hangs and "[default: learnt from the job" in hangs
 
 
 def _commands(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+
 from launcher.launch import boot_dir
 from parallel import contract
 

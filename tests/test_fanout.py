@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-
 from helpers import assert_one_line_error, run_launcher, wait_for
+
 from launcher.backends.common import agent_spec
 from launcher.cluster import AgentLaunch, run_agents
 from launcher.config import ConsoleFilter, LaunchConfig

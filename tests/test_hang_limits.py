@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, TESTS, assert_no_job_processes, run_launcher
+
 from launcher.restarts import NO_PROGRESS_EXIT_CODE
 from launcher.stalls import HANG_EXIT_CODE
 

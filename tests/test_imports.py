@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, TESTS, module_marks
 
 import launcher
-from helpers import REPO, TESTS, module_marks
 
 
 def test_every_launcher_module_imports_without_mindspore() -> None:

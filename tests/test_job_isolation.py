@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from helpers import RANK_SCRIPTS, alive, initialised, job_pids, npu_launch_argv, run_launcher, wait_for
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")  # plain-Python ranks: no MindSpore process

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import click
 import pytest
-
 from helpers import assert_one_line_error, npu_launch_argv, run_launcher
+
 from launcher import limits, msrun_compat
 from launcher.cli import msrun_config, run_option_arity
 from launcher.errors import LaunchError

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-
 from helpers import REPO, exited, feed, wait_for
-from parallel import contract
+
 from launcher.checkpoints import CheckpointLedger
 from launcher.events import EventTail
 from launcher.failures import Outcome
 from launcher.monitor import JobMonitor, table_height
 from launcher.stalls import HangCheck, Limits, Stall, describe_stall
+from parallel import contract
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b", 3: "node b"}

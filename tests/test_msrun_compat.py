@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
+
 from launcher import cli, msrun_compat
 from launcher.config import LaunchConfig
 

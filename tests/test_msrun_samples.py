@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-
 from helpers import GOLDEN, RANK_SCRIPTS, TESTS, checksums, npu_launch_argv
 from helpers import assert_golden as golden
+
 from launcher import cli, msrun_compat
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
@@ -183,7 +183,7 @@ def test_msrun_1_and_2_run_as_two_nodes_started_by_hand(weird_tmp: Path) -> None
                             master_addr="127.0.0.1", master_port=port, log_dir=f"node{node}")
         procs.append(_start(words, weird_tmp))
     outs = [p.communicate(timeout=300) for p in procs]
-    for proc, (out, err) in zip(procs, outs):
+    for proc, (_out, err) in zip(procs, outs):
         assert proc.returncode == 0, err[-3000:]
     sums = {**checksums(outs[0][0]), **checksums(outs[1][0])}
     host = socket.gethostname()

@@ -8,10 +8,10 @@ from typing import Callable
 
 import pytest
 import yaml
+from helpers import Layout, layouts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import Layout, layouts
 from parallel.config import LayoutError as ConfigError
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 

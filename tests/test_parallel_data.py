@@ -10,18 +10,18 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import mindspore as ms
 import mindspore.dataset as ds
 import mindspore.dataset.transforms as transforms
-import mindspore as ms
 import numpy as np
 import pytest
+from helpers import layouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from helpers import layouts
-from parallel.config import ParallelConfig, ShardPolicy
 from parallel import contract
+from parallel.config import ParallelConfig, ShardPolicy
 from parallel.contract import BadInput
 from parallel.data import ShardPlan, SourceKind, kept_global_batch, sharded_dataset, source_kind
 from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder

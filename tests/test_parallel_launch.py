@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, assert_no_job_processes, run_launcher
 
 SCRIPTS = REPO / "scripts"

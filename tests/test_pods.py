@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import GOLDEN, assert_one_line_error, run_launcher
 from helpers import assert_golden as golden
+
 from launcher import pods
 from launcher.errors import LaunchError
 

@@ -13,13 +13,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from helpers import assert_one_line_error, run_launcher
+
 from launcher import probe, workdir_sync
 from launcher.backends import TransportOptions
 from launcher.errors import LaunchError
 from launcher.hostfile import HostSelection
-from launcher.preflight import HostCheck, MAX_COMPARED_FILES, files_problem, launch_files, render
+from launcher.preflight import MAX_COMPARED_FILES, HostCheck, files_problem, launch_files, render
 from launcher.probe import FileFact
 from launcher.workdir_sync import LaunchDir, sync_stale_hosts, unpack_argv
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner, Result
-
 from helpers import ASCEND_FIXTURES, REPO, fake_ascend_env
 from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
+
 from launcher.rank_table_cli import rank_table
 
 A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"

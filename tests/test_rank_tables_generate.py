@@ -5,11 +5,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import ASCEND_FIXTURES as FIXTURES
 from helpers import fake_devfs
-from rank_tables.errors import RankTableError, TableInputError
+
 from rank_tables.ascend import AscendHost
+from rank_tables.errors import RankTableError, TableInputError
 from rank_tables.generate import GenerateConfig, generate_server, parse_assignments, parse_device_list
 
 TOOLS = str(FIXTURES / "bin")

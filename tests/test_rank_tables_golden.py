@@ -12,13 +12,12 @@ import os
 from pathlib import Path
 
 from click.testing import CliRunner, Result
-
 from helpers import ASCEND_FIXTURES as FIXTURES
 from helpers import GOLDEN, RANK_TABLE_EXAMPLES, fake_ascend_env
 from helpers import assert_golden as golden
+
 from launcher.rank_table_cli import rank_table
 from rank_tables.validate import validate
-
 
 
 def assert_golden(name: str, text: str) -> None:

@@ -5,11 +5,19 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from helpers import ASCEND_FIXTURES, fake_devfs
+
+from rank_tables.ascend import (
+    AscendHost,
+    DeviceIp,
+    SuperPodInfo,
+    parse_chip_map,
+    parse_hccn_conf,
+    parse_hccn_tool_ip,
+    parse_spod_info,
+    this_host_ip,
+)
 from rank_tables.errors import TableInputError
-from rank_tables.ascend import (AscendHost, DeviceIp, SuperPodInfo, parse_chip_map, parse_hccn_conf,
-                                parse_hccn_tool_ip, parse_spod_info, this_host_ip)
 
 TOOLS = str(ASCEND_FIXTURES / "bin")
 A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"

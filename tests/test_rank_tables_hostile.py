@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 import pytest
-
-from helpers import (RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv, sparse,
-                     to_dev_zero)
+from helpers import RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv, sparse, to_dev_zero
 
 TIMEOUT_S = 60
 """Far above the second or so each case takes: only a hang reaches it."""

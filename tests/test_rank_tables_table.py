@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
+
 from parallel.contract import BadInput
 from rank_tables.errors import RankTableError
 from rank_tables.table import DeviceEntry, RankTable, SuperPod, load_rank_table

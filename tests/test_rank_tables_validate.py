@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import jsonschema
 import pytest
+from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 from rank_tables.structure import SchemaCompileError, compile_schema, format_path
 from rank_tables.validate import Problem, load_schema, validate
 

@@ -1,22 +1,21 @@
 """``npu-launch report``: the summary table and the PNG, from files the real monitor wrote."""
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import json
-
 import numpy as np
 from click.testing import CliRunner
-
 from helpers import exited, feed
-from parallel import contract
+
 from launcher.monitor import JobMonitor
-from parallel.contract import METRICS_FILE, SUMMARY_FILE
 from launcher.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
+from parallel import contract
+from parallel.contract import METRICS_FILE, SUMMARY_FILE
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node b"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from helpers import npu_launch_argv, sparse, to_dev_zero
-from parallel.contract import METRICS_FILE, SUMMARY_FILE
 from test_report import png_size, write_job
+
+from parallel.contract import METRICS_FILE, SUMMARY_FILE
 
 TIMEOUT_S = 60
 LONGEST_LINE = 1000

@@ -14,9 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import (
+    RANK_SCRIPTS,
+    assert_no_job_processes,
+    assert_one_line_error,
+    npu_launch_argv,
+    run_launcher,
+    wait_for,
+)
 
-from helpers import (RANK_SCRIPTS, assert_no_job_processes, assert_one_line_error, npu_launch_argv,
-                     run_launcher, wait_for)
 from launcher.checkpoints import CheckpointLedger, ResumePoint
 from launcher.failures import Cause, JobResult, Outcome
 from launcher.job_files import ReportOptions
@@ -233,8 +239,7 @@ def _failed_rank(rank: int, exception: str = "RuntimeError") -> JobResult:
 
 
 def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_newer() -> None:
-    from launcher.restarts import (NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help,
-                                   stop_restarting)
+    from launcher.restarts import NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help, stop_restarting
     first = FailurePoint.of(_failed_rank(1), ("step", 50), None)
     assert not cannot_help(None, first), "one failure says nothing yet"
     assert cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), None))

@@ -10,8 +10,17 @@ from typing import Optional
 
 import pytest
 
-from launcher.stalls import (HangCheck, Learnt, Limits, RankProgress, StackSample,
-                             describe_stall, find_stall, judge, stalled_before)
+from launcher.stalls import (
+    HangCheck,
+    Learnt,
+    Limits,
+    RankProgress,
+    StackSample,
+    describe_stall,
+    find_stall,
+    judge,
+    stalled_before,
+)
 from parallel import contract, progress
 from parallel.contract import Event
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import TESTS, assert_no_job_processes, job_pids, npu_launch_argv, run_launcher, wait_for
 
-from helpers import TESTS, assert_no_job_processes, job_pids, npu_launch_argv, run_launcher, \
-    wait_for
 from launcher.startup import PHASES, Marks, describe, job_phases
 from parallel.contract import Event
 

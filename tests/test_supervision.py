@@ -19,10 +19,20 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import (
+    RANK_SCRIPTS,
+    alive,
+    assert_no_job_processes,
+    checksums,
+    initialised,
+    job_pids,
+    npu_launch_argv,
+    run_launcher,
+    wait_for,
+    worker_pid,
+)
 
 from launcher.stalls import HANG_EXIT_CODE
-from helpers import (RANK_SCRIPTS, alive, assert_no_job_processes, checksums, initialised,
-                     job_pids, npu_launch_argv, run_launcher, wait_for, worker_pid)
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")
 MS_JOB = str(RANK_SCRIPTS / "ms_job.py")

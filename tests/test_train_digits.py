@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from helpers import REPO, RANK_SCRIPTS, assert_no_job_processes, run_launcher
+from helpers import RANK_SCRIPTS, REPO, assert_no_job_processes, run_launcher
 
 pytestmark = pytest.mark.mindspore
 MAIN = str(REPO / "scripts" / "train_digits.py")

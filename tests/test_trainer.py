@@ -12,8 +12,7 @@ import pytest
 from mindspore import dataset as ds
 from mindspore import nn
 
-from parallel import contract
-from parallel import checkpoint
+from parallel import checkpoint, contract
 from parallel.amp import AmpError, LossScaleConfig, LossScaleMode
 from parallel.config import ExecMode
 from parallel.schedules import LrSchedule

@@ -13,9 +13,9 @@ from typing import Optional
 
 import pytest
 
+from launcher.devices import DeviceKind
 from launcher.failures import JobResult, Outcome
 from launcher.plan import LaunchPlan, StartMode, Timeouts
-from launcher.devices import DeviceKind
 from launcher.process import Exit
 from launcher.stalls import HANG_EXIT_CODE, Stall
 from launcher.watch import Watch

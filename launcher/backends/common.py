@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
-from parallel import contract
 from launcher.limits import shell_words
 from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan, ProcessSpec, Role
+from parallel import contract
 
 AGENT_MODULE = "launcher.agent"
 

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import os
-
-from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from typing import Optional
 
+from launcher.backends import HostfileBackend, LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of
-from launcher.payload import PayloadServer
 from launcher.cluster import AgentLaunch
 from launcher.errors import ConfigError
 from launcher.hostfile import HostSelection
+from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
 from parallel import contract
 

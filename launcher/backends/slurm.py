@@ -7,11 +7,11 @@ from typing import Mapping, Optional
 
 from launcher.backends import LauncherKind, TransportOptions
 from launcher.backends.common import agent_argv, agent_spec, python_of
-from launcher.payload import PayloadServer
 from launcher.cluster import AgentLaunch
 from launcher.errors import ConfigError
 from launcher.hostfile import HostSelection, check_host_name
 from launcher.limits import MAX_NODES, shown
+from launcher.payload import PayloadServer
 from launcher.plan import LaunchPlan
 
 SCONTROL_TIMEOUT = 30.0

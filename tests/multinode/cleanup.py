@@ -21,8 +21,14 @@ from typing import Iterable, Optional
 import psutil
 
 from .common import STATE_ROOT, ClusterError, locked
-from .netns import (NETNS_DIR, delete_network, edit_hosts_file, leftover_namespaces, ns_inode,
-                    tags_of_leftover_namespaces)
+from .netns import (
+    NETNS_DIR,
+    delete_network,
+    edit_hosts_file,
+    leftover_namespaces,
+    ns_inode,
+    tags_of_leftover_namespaces,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,8 +66,18 @@ if not __package__:  # the relative imports below need a package to be relative 
 
 from . import cleanup, hostfiles, hostns, netns, slurm, sshd  # noqa: E402
 from .cleanup import Daemon, clean_stale, recorded_daemons, unique_tag  # noqa: E402
-from .common import (SLURM_BINARIES, SSH_BINARIES, STATE_ROOT, TAG_RE, ClusterError,  # noqa: E402
-                     ClusterUnavailable, locked, missing_binaries, sbin_path, tail)
+from .common import (  # noqa: E402
+    SLURM_BINARIES,
+    SSH_BINARIES,
+    STATE_ROOT,
+    TAG_RE,
+    ClusterError,
+    ClusterUnavailable,
+    locked,
+    missing_binaries,
+    sbin_path,
+    tail,
+)
 from .hostns import HostInit, HostPopen  # noqa: E402
 from .netns import HOSTS_FILE, NETNS_DIR, Host  # noqa: E402
 

@@ -21,8 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import (FAKE_ASCEND_DIR, SSH_BINARIES, need_binaries, run_checked, sbin_path,
-                     wait_for_port)
+from .common import FAKE_ASCEND_DIR, SSH_BINARIES, need_binaries, run_checked, sbin_path, wait_for_port
 from .netns import Host
 
 if TYPE_CHECKING:

@@ -15,12 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import checksums
 
 from .ascend import break_card, give_cards, hold_card_argv, node0_env, take_cards
-from .jobs import (assert_no_job_processes, initialised, job_dir, launch_on, run_on_node0,
-                   wait_slowly, write_hostfile)
+from .jobs import assert_no_job_processes, initialised, job_dir, launch_on, run_on_node0, wait_slowly, write_hostfile
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from helpers import wait_for
 
 from . import cluster as cluster_mod

@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
 from helpers import RANK_SCRIPTS
 
-from .jobs import (assert_no_job_processes, job_dir, launch_on, run_on_node0, wait_slowly,
-                   write_hostfile)
+from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, wait_slowly, write_hostfile
 
 pytestmark = [pytest.mark.multinode]
 SCRIPT = RANK_SCRIPTS / "slice_ckpt.py"

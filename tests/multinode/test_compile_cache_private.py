@@ -26,7 +26,7 @@ def test_each_host_keeps_and_reloads_its_ranks_graphs(ssh_cluster, tmp_path_fact
     assert result.returncode == 0, result.stderr[-4000:]
     assert "restart 1 of 1" in result.stderr, result.stderr[-4000:]
     a, b = ssh_cluster.names
-    for rank, host, other in ((0, a, b), (1, b, a)):
+    for rank, host, _other in ((0, a, b), (1, b, a)):
         found = ssh_cluster.run_on(host, ["find", str(work / "logs" / "compile_cache"),
                                           "-name", "*.mindir"], check=True).stdout
         assert f"/rank_{rank}/graph_cache/" in found and f"/rank_{1 - rank}/" not in found, \

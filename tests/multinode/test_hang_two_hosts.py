@@ -10,12 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import TESTS
+
 from launcher.stalls import HANG_EXIT_CODE
 
-from .jobs import (assert_no_job_processes, job_dir, job_pids, launch_on, wait_slowly,
-                   write_hostfile)
+from .jobs import assert_no_job_processes, job_dir, job_pids, launch_on, wait_slowly, write_hostfile
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 PLAIN = TESTS / "plain_scripts" / "plain_loop.py"

@@ -9,11 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import checksums
 
-from .jobs import (assert_no_job_processes, job_dir, launch_on, mpi_launcher_args, run_on_node0,
-                   write_hostfile)
+from .jobs import assert_no_job_processes, job_dir, launch_on, mpi_launcher_args, run_on_node0, write_hostfile
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 
@@ -78,7 +76,7 @@ def test_by_hand_on_each_node_like_msrun(ssh_cluster, weird_tmp: Path) -> None:
         str(weird_tmp / "byhand"), job, "--steps", "3"], cwd=weird_tmp)
         for i, host in enumerate((a, b))]
     outs = [p.communicate(timeout=300) for p in procs]
-    for proc, (out, err) in zip(procs, outs):
+    for proc, (_out, err) in zip(procs, outs):
         assert proc.returncode == 0, err[-3000:]
     sums = {**checksums(outs[0][0]), **checksums(outs[1][0])}
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}

@@ -13,11 +13,21 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from helpers import checksums, npu_launch_argv, per_rank
 
-from .jobs import (assert_no_job_processes, initialised, job_dir, job_pids, job_processes,
-                   kill_in_host, launch_on, run_on_node0, wait_slowly, worker, write_hostfile)
+from .jobs import (
+    assert_no_job_processes,
+    initialised,
+    job_dir,
+    job_pids,
+    job_processes,
+    kill_in_host,
+    launch_on,
+    run_on_node0,
+    wait_slowly,
+    worker,
+    write_hostfile,
+)
 
 pytestmark = pytest.mark.multinode
 

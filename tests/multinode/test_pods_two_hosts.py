@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from helpers import checksums
 
 from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0

@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS
 
 from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from helpers import REPO, RANK_SCRIPTS
+from helpers import RANK_SCRIPTS, REPO
 
 from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile
 

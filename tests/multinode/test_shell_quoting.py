@@ -23,13 +23,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
+
 from launcher.hostfile import path_shown
 
 from .cluster import Cluster
-from .jobs import (assert_no_job_processes, mpi_launcher_args, run_on_node0, run_python_on,
-                   write_hostfile)
+from .jobs import assert_no_job_processes, mpi_launcher_args, run_on_node0, run_python_on, write_hostfile
 
 pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import (assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0,
-                   wait_slowly, write_hostfile)
+from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0, wait_slowly, write_hostfile
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]  # MindSpore's scheduler, on node 0
 

@@ -4,13 +4,12 @@ torchrun on one node, and no host runs a MindSpore process (no scheduler, no ran
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import RANK_SCRIPTS, run_torchrun
 
 from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, write_hostfile

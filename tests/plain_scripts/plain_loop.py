@@ -11,8 +11,8 @@ wall time of a step after the first two (compilation), for the hook's cost bench
 import argparse
 import time
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 

@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from mindspore import dataset as ds, nn
+from mindspore import dataset as ds
+from mindspore import nn
 
 import parallel
 from parallel.amp import LossScaleConfig

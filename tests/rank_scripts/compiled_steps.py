@@ -8,8 +8,8 @@ runs to the end.
 import argparse
 import os
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
-
+import numpy as np  # noqa: E402
 import train_digits  # noqa: E402
+
 from parallel import contract  # noqa: E402
 from parallel.trainer import Callback  # noqa: E402
 

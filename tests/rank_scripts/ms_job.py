@@ -14,8 +14,8 @@ import argparse
 import os
 import time
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 
