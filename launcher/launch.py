@@ -542,7 +542,8 @@ def make_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO,
         job = _cluster_job(config, kind, environ, err, masters)
     check_log_dir(job.plan.log_dir)
     _check_path_lengths(job.plan)
-    limits.check_exec_sizes(((spec.label, spec.command, spec.env) for spec in job.plan.processes),
+    limits.check_exec_sizes(((spec.label, spec.known_command, spec.env)
+                             for spec in job.plan.processes),
                             environ)
     err.write(notes.getvalue())
     if job.before_start is not None:

@@ -100,6 +100,13 @@ class ProcessSpec:
         return self.binding.wrap(self.argv) if self.binding is not None else self.argv
 
     @property
+    def known_command(self) -> tuple[str, ...]:
+        """``command`` where it is known yet: a rank bound on another host gets its taskset or
+        numactl only there, once its agent found the cores (``launcher.binding``)."""
+        bound = self.binding
+        return self.command if bound is None or bound.resolved else self.argv
+
+    @property
     def files(self) -> tuple[str, ...]:
         """Every file this process writes (its folders must exist before it starts); the
         compile cache as ``folder/``, so that the folder itself is made on the rank's host."""
@@ -222,7 +229,7 @@ def _render_process(spec: ProcessSpec) -> str:
     env = "\n".join(f"    {k}={v}" for k, v in sorted(spec.env.items()))
     bound = spec.binding
     cores = "" if bound is None else f"  {bound.describe(spec.host)}\n"
-    argv = spec.command if bound is None or bound.resolved else spec.argv
+    argv = spec.known_command
     return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n{cores}  env:\n{env}\n"
             f"  cmd: {shlex.join(argv)}")
 

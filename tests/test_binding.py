@@ -322,3 +322,15 @@ def test_bind_numa_needs_numactl(weird_tmp: Path) -> None:
     assert shutil.which("numactl"), "numactl is installed (.ci/install-system-deps)"
     plan, _ = _dry_run(weird_tmp, *args[:-2])
     assert all(r["binding"]["numa"] and r["binding"]["mems"] for r in plan["ranks"])
+
+
+def test_a_multi_host_plan_with_cores_found_on_each_host_passes_the_checks(tmp_path: Path) -> None:
+    """Node 0 cannot know another host's cores: every check before the start (the kernel's
+    ARG_MAX among them) takes a rank's argv as known there, and --dry-run prints it."""
+    (tmp_path / "hosts").write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = run_launcher("--hostfile", str(tmp_path / "hosts"), "--no-preflight", "--device", "cpu",
+                          "--bind-cores", "auto", "--dry-run", str(tmp_path / "train.py"),
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cmd: " in result.stdout and "taskset" not in result.stdout.split("127.0.0.2:2")[1]
