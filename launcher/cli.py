@@ -32,7 +32,8 @@ from launcher.config import (
 from launcher.devices import DeviceKind
 from launcher.errors import ConfigError
 from launcher.hostfile import read_hostfile, select_hosts
-from launcher.launch import launch, make_job
+from launcher.job import make_job
+from launcher.launch import launch
 from launcher.limits import shell_words, shown
 from launcher.preflight import render, run_preflight
 from launcher.rank_table_cli import rank_table

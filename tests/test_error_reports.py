@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
-from launcher.launch import boot_dir
+from launcher.job import boot_dir
 from parallel import contract
 
 

@@ -24,7 +24,7 @@ from launcher import limits, msrun_compat
 from launcher.cli import msrun_config, run_option_arity
 from launcher.errors import LaunchError
 from launcher.failures import last_lines_block
-from launcher.launch import make_job
+from launcher.job import make_job
 from launcher.workdir_sync import LaunchDir
 
 MARKER = "import os\nopen('ran-' + str(os.getpid()), 'w').close()\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, assert_no_job_processes, npu_launch_argv, run_launcher, wait_for
 
-from launcher.launch import Attempt
+from launcher.attempt import Attempt
 from launcher.monitor import JobMonitor
 from parallel.contract import Event
 

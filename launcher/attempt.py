@@ -1,0 +1,193 @@
+"""One attempt of the job as node 0 sees it: the ``watch.Reporter`` that carries every rank's
+events to the monitor, the checkpoint ledger, the hang check and node 0's copies of the ranks'
+stacks, and knows which ranks initialised, stepped and exited (``Attempts`` holds what outlives
+an attempt: the monitor, the ledger, the hang check)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Mapping, Optional, Sequence
+
+from launcher.checkpoints import CheckpointLedger
+from launcher.failures import JobResult, Outcome, stall_cause
+from launcher.frameworks import FrameworkNote
+from launcher.monitor import JobMonitor
+from launcher.plan import LaunchPlan
+from launcher.restarts import (
+    FailurePoint,
+)
+from launcher.stalls import (
+    HANG_EXIT_CODE,
+    HangCheck,
+    StackSample,
+    Stall,
+    describe_stall,
+    native_path,
+    stalled_before,
+)
+from parallel import contract
+from parallel.contract import Event
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempts:
+    """What outlives one attempt of the job: the monitor, the checkpoint ledger and the hang
+    check."""
+
+    monitor: JobMonitor
+    ledger: CheckpointLedger
+    hangs: Optional[HangCheck] = None
+    frameworks: Optional[FrameworkNote] = None
+
+    def begin(self, plan: LaunchPlan) -> "Attempt":
+        return Attempt(self.monitor, self.hangs, self.ledger, _stack_paths(plan),
+                       {s.rank: s.host for s in plan.ranks if s.rank is not None},
+                       self.frameworks)
+
+
+class Attempt:
+    """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
+    monitor, checkpoint events to the ledger, stack samples to the hang check and to node 0's
+    copy of the rank's stack file; which ranks initialised is remembered; ``tick`` redraws the
+    display and says whether the job hangs; ``blame`` names a stalled rank as the root cause
+    of a failure it caused."""
+
+    def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
+                 ledger: Optional[CheckpointLedger] = None,
+                 stack_paths: Optional[Mapping[int, str]] = None,
+                 ranks: Optional[Mapping[int, str]] = None,
+                 frameworks: Optional[FrameworkNote] = None) -> None:
+        self.monitor = monitor
+        self.hangs = hangs
+        self.ledger = ledger
+        self._stack_paths = stack_paths or {}
+        self._frameworks = frameworks
+        self.initialised: set[int] = set()
+        self.calling_init: set[int] = set()
+        self.steps: dict[int, int] = {}
+        """Each rank's last trainer step in this attempt."""
+        self.exited: set[int] = set()
+        self.savers: set[int] = set()
+        """Ranks whose trainer saves a checkpoint when asked to stop (``saves_on_stop``)."""
+        self.log_every = 1
+        self.step_times: list[tuple[float, int]] = []
+        """(when it arrived, step) of the last few step events, for the pace of steps."""
+        monitor.begin_attempt(ranks)
+        if hangs is not None:
+            hangs.begin_attempt()
+
+    def event(self, event: Event) -> None:
+        if event.kind == contract.EVENT_INITIALISED:
+            self.initialised.add(event.rank)
+        elif event.kind == contract.EVENT_INIT_STARTED:
+            self.calling_init.add(event.rank)
+        elif event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
+            self.ledger.record(event)
+        elif event.kind == contract.EVENT_STACK:
+            self._keep_stack(event)
+        elif event.kind == contract.EVENT_FRAMEWORK and self._frameworks is not None:
+            self._frameworks.see(event)
+        elif event.kind == contract.EVENT_STEP and event.step is not None:
+            self._stepped(event, event.step)
+        elif event.kind == contract.EVENT_EXITED:
+            self.exited.add(event.rank)
+        self.monitor.on_event(event)
+
+    def ranks_done(self, node_rank: int) -> None:
+        pass  # the node's supervisor goes on to its scheduler; the monitor saw every exit
+
+    def tick(self) -> Optional[Stall]:
+        self.monitor.tick()
+        return self.hangs() if self.hangs is not None else None
+
+    def all_of(self, plan: LaunchPlan) -> bool:
+        return {spec.rank for spec in plan.ranks} <= self.initialised
+
+    def all_called_init(self, plan: LaunchPlan) -> bool:
+        return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
+
+    def _stepped(self, event: Event, step: int) -> None:
+        self.steps[event.rank] = step
+        saves = event.record.get("saves_on_stop")
+        if isinstance(saves, bool):  # said in a fit's first step event
+            (self.savers.add if saves else self.savers.discard)(event.rank)
+        every = event.record.get("log_every")
+        if isinstance(every, int) and every > 0:
+            self.log_every = every
+        self.step_times = [*self.step_times[-7:], (time.monotonic(), step)]
+
+    def stop_step(self, ranks: Sequence[int]) -> Optional[int]:
+        """The step every rank of ``ranks`` can still reach and save, when all of them save on
+        a stop request: past the newest step reported, by the steps between two reports and
+        by a second's worth of steps (events arrive late), plus one."""
+        if not ranks or not set(ranks) <= self.savers:
+            return None
+        (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]
+        per_second = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        return max(self.steps.values()) + self.log_every + math.ceil(per_second) + 1
+
+    def failure_point(self, result: JobResult) -> FailurePoint:
+        """Where this attempt failed (its root-cause rank's last step, else its progress
+        count), why, and the newest complete checkpoint now."""
+        rank = result.cause.rank if result.cause else None
+        where: Optional[tuple[str, int]] = None
+        if rank is not None and rank in self.steps:
+            where = ("step", self.steps[rank])
+        elif rank is not None:
+            counts = {s.rank: s.progress.count for s in self.monitor.rank_states()}
+            where = ("count", counts[rank]) if counts.get(rank) else None
+        resume = self.ledger.resume_point() if self.ledger is not None else None
+        return FailurePoint.of(result, where, resume.step if resume else None)
+
+    def blame(self, result: JobResult) -> JobResult:
+        """``result``, or, when its failed rank was waiting on one that had stopped making
+        progress (a communication timeout, say), the hang of that one, with the failure told
+        as its consequence."""
+        cause = result.cause
+        if result.outcome is not Outcome.FAILED or cause is None or cause.rank is None \
+                or cause.process != "rank":
+            return result
+        stall = stalled_before(self.monitor.rank_states(), cause.rank, cause.time or time.time())
+        if stall is None:
+            return result
+        if self.hangs is not None:  # the failure came first: say which limit it beat
+            limits = self.hangs.limits
+            stall = dataclasses.replace(stall, timeout=limits.quiet,
+                                        limit=f"{limits.why}, not reached")
+        block = describe_stall(stall, self.monitor.job_id)
+        consequence = "\n".join("  " + line for line in result.message.splitlines()[:12])
+        message = (f"{block}\n  rank {cause.rank}'s failure followed from it (it waited on rank "
+                   f"{stall.rank}):\n{consequence}")
+        return JobResult(Outcome.STALLED, HANG_EXIT_CODE, message, result.ended_at,
+                         stall_cause(stall, consequence=cause))
+
+    def _keep_stack(self, event: Event) -> None:
+        """A node's stack sample: for the hang check, and in node 0's log directory (the files
+        on the rank's own host, when that is this one, already hold the same)."""
+        if self.hangs is not None:
+            self.hangs.sample(StackSample.of(event))
+        path = self._stack_paths.get(event.rank)
+        if path is not None:
+            for target, field in ((path, "text"), (native_path(path), "native")):
+                text = event.record.get(field)
+                if isinstance(text, str) and text:
+                    _write_if_changed(target, text)
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    try:
+        with open(path, errors="replace") as f:
+            if f.read(len(text) + 1) == text:
+                return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _stack_paths(plan: LaunchPlan) -> dict[int, str]:
+    return {spec.rank: spec.stack_path for spec in plan.ranks
+            if spec.rank is not None and spec.stack_path}
