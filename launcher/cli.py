@@ -18,7 +18,7 @@ from click.core import ParameterSource
 
 from launcher import __version__, msrun_compat
 from launcher.backends import TransportOptions
-from launcher.cli_help import GroupedCommand, HelpGroup
+from launcher.cli_help import EXAMPLES, GroupedCommand, HelpGroup
 from launcher.config import (
     ConsoleFilter,
     FileSetting,
@@ -228,6 +228,7 @@ def msrun_command(argv: tuple[str, ...]) -> int:
     parsed = msrun_compat.parse(argv, run_option_arity())
     if parsed.help:
         click.echo(msrun_compat.HELP, nl=False)
+        click.echo(f"\nExample:\n  {EXAMPLES['msrun']}")
         return 0
     config, translation = msrun_config(parsed)
     with msrun_compat.in_msrun_words(parsed):
