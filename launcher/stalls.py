@@ -306,12 +306,16 @@ class Stall:
     limit: str = ""
     """The limit that was passed and where it came from (``Limits.why``); "" when the hang was
     found from a failure it caused, before any limit passed."""
+    count: int = 0
+    """The stalled rank's progress count (the rank hook's counted calls and batches): where a
+    script sends no ``step`` events (torch, a plain loop), how far it got."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
     """The block printed when the job is stopped because of ``stall``."""
     if stall.others_advanced:
         where = (f"at step {stall.last_step}" if stall.last_step is not None
+                 else f"after {stall.count} counted calls" if stall.count
                  else "before its first step")
         head = (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled "
                 f"{where}: no progress for {stall.silent_for:.0f} s while other ranks advanced"
@@ -360,7 +364,8 @@ def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optiona
         return None
     since, _, worst = min(silent, key=lambda item: item[:2])
     return Stall(worst.rank, worst.host, worst.step, now - since,
-                 timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress))
+                 timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress),
+                 count=worst.progress.count)
 
 
 @dataclasses.dataclass(frozen=True)

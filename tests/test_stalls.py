@@ -400,3 +400,14 @@ def test_what_was_learnt_is_kept_for_the_same_command_run_again(tmp_path) -> Non
                                                '"intervals": 3, "sections": {}}')
     assert Learnt.load(str(tmp_path), []) == Learnt()
     assert Learnt.load(str(tmp_path / "missing"), []) == Learnt()
+
+
+def test_a_rank_without_step_events_is_told_by_its_count() -> None:
+    """torch and plain loops send no ``step`` events: the message says how far the rank got."""
+    states = stepping(2, until=5.0, count=7)
+    for t in range(6, 40):
+        see(states[0], contract.EVENT_PROGRESS, float(t), count=7 + t, busy=False, loads=0)
+    stall = find_stall(states, 39.0, LIMITS)
+    assert stall is not None and (stall.rank, stall.last_step, stall.count) == (1, None, 7)
+    assert "rank 1 on host1 stalled after 7 counted calls: no progress for" in \
+        describe_stall(stall, "j")
