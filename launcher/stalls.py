@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
+from launcher.console_lines import runs_text
 from parallel import contract
 from parallel.contract import Event
 
@@ -339,7 +340,7 @@ def describe_stall(stall: Stall, job_id: str) -> str:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(map(str, ranks)) or "none"
+    return runs_text(sorted(ranks), ", ") or "none"
 
 
 def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optional[Stall]:
