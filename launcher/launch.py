@@ -56,6 +56,7 @@ from launcher.supervisor import print_message, run_local
 from launcher.watch import wait_unless_signalled
 from parallel import contract
 from parallel.contract import BadInput
+from parallel.manifest import atomic_write_bytes
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -290,9 +291,7 @@ class StopRequest:
             return 0.0
         path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
         try:
-            with open(f"{path}.tmp", "w") as f:
-                f.write(f"{step}\n")
-            os.replace(f"{path}.tmp", path)
+            atomic_write_bytes(path, f"{step}\n".encode())
         except OSError:
             return 0.0
         if self.err is not None:

@@ -21,6 +21,7 @@ from launcher.process import Exit, ProcessGroup
 from launcher.stalls import HANG_EXIT_CODE, Stall, describe_stall
 from parallel import contract
 from parallel.contract import Event
+from parallel.manifest import atomic_write_bytes
 
 _TICK = 0.02
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -183,9 +184,7 @@ def _no_save(log_dir: str) -> None:
     (``parallel.preemption``; a save asked for is made or given up by now)."""
     path = os.path.join(log_dir, contract.STOP_REQUEST_FILE)
     try:
-        with open(f"{path}.{os.getpid()}.tmp", "w") as f:
-            f.write(contract.STOP_NO_SAVE + "\n")
-        os.replace(f"{path}.{os.getpid()}.tmp", path)
+        atomic_write_bytes(path, f"{contract.STOP_NO_SAVE}\n".encode())
     except OSError:
         pass
 
