@@ -41,14 +41,14 @@ sys.meta_path.insert(0, _NpuLaunchCount())
 
 
 def kind_of(argv: list[str]) -> str:
-    """What a process that imported MindSpore was, from its command line."""
-    text = " ".join(argv)
-    if "parallel.scheduler" in text or argv[:1] == ["-m"] and "scheduler" in text:
-        return "scheduler"
-    if "pytest" in text:
-        return "the test process"
-    script = next((Path(a).name for a in argv if a.endswith(".py")), argv[0] if argv else "?")
-    return f"rank or script: {script}"
+    """What a process that imported MindSpore was, from its ``sys.argv``: MindSpore's scheduler
+    (one per MindSpore job and attempt), the test process itself, or a rank (its script)."""
+    first = argv[0] if argv else ""
+    if first.endswith(os.path.join("parallel", "scheduler.py")):
+        return "scheduler (one per MindSpore job)"
+    if first.endswith(os.path.join("pytest", "__main__.py")) or Path(first).name == "pytest":
+        return "the test process (MindSpore imported in-process)"
+    return f"rank: {Path(first).name if first.endswith('.py') else first or '?'}"
 
 
 def main() -> int:
