@@ -1,0 +1,146 @@
+"""What a fault costs the main job (issue 24, part 5): work redone and time, side by side.
+
+    python bench/bench_faults.py --runs 1 --at-step 50
+
+The digits job (``scripts/train_digits.py``, 2 CPU ranks, its defaults: 10 epochs of 22 steps,
+a periodic checkpoint every 5 epochs) three ways, in one run:
+
+* uninterrupted;
+* a crash: rank 1 SIGKILLs itself after step ``--at-step`` (``tests/rank_scripts/digits_faults.py
+  --kill-at-step``), ``--max-restarts 1``;
+* a stop: SIGTERM to npu-launch once rank 0 reported step ``--at-step``, then the same command
+  again (how a preempted job goes on).
+
+For each: the job's wall time (both launches for the stop) and its ratio to the uninterrupted
+one, the steps redone (the fault's step less the step the next attempt resumed from), and the
+seconds from the fault to the next attempt's first step, split where npu-launch's own files
+say (the fault's end, the next attempt's start, its ranks' first step). A hang is not measured
+here yet (the main job has no hang to inject), nor the last-words checkpoint (not built).
+
+Do not run other work meanwhile: 2 cores, every figure is a wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+MAIN = REPO / "scripts" / "train_digits.py"
+FAULTS = REPO / "tests" / "rank_scripts" / "digits_faults.py"
+LAUNCH = [sys.executable, "-m", "launcher.cli", "--device", "cpu", "--cards", "2", "--console",
+          "none"]
+
+
+def records(logs: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records, in order (every launch into this log dir appends)."""
+    path = logs / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_step(logs: Path) -> int:
+    steps = [r.get("step") for r in records(logs) if r.get("event") == "step" and r.get("rank") == 0]
+    return max((s for s in steps if isinstance(s, int)), default=-1)
+
+
+def first_step_after(logs: Path, after: float) -> Optional[dict[str, Any]]:
+    """The first ``step`` record at or after ``after`` (the next attempt's first step)."""
+    return next((r for r in records(logs) if r.get("event") == "step"
+                 and (r.get("time") or 0.0) >= after), None)
+
+
+def uninterrupted(tmp: Path) -> dict[str, Any]:
+    logs = tmp / "plain"
+    started = time.monotonic()
+    done = subprocess.run([*LAUNCH, "--log-dir", str(logs), str(MAIN)], capture_output=True,
+                          text=True, cwd=REPO)
+    return {"wall_s": time.monotonic() - started, "exit": done.returncode,
+            "steps": last_step(logs)}
+
+
+def crash(tmp: Path, at_step: int) -> dict[str, Any]:
+    logs = tmp / "crash"
+    started = time.monotonic()
+    done = subprocess.run([*LAUNCH, "--max-restarts", "1", "--restart-backoff", "1",
+                           "--log-dir", str(logs), str(FAULTS), "--kill-at-step", str(at_step)],
+                          capture_output=True, text=True, cwd=REPO)
+    wall = time.monotonic() - started
+    summary = json.loads((logs / "summary.json").read_text())
+    attempts = summary.get("attempts") or []
+    result: dict[str, Any] = {"wall_s": wall, "exit": done.returncode, "attempts": len(attempts)}
+    if len(attempts) >= 2:
+        failed, again = attempts[-2], attempts[-1]
+        resumed = again.get("resumed_from") or 0
+        first = first_step_after(logs, again["started_at"])
+        result.update({
+            "resumed_from": resumed, "steps_redone": at_step - resumed,
+            "fault_to_attempt_end_s": None,
+            "attempt_end_to_next_start_s": again["started_at"] - failed["ended_at"],
+            "next_start_to_first_step_s": (first["time"] - again["started_at"]) if first else None,
+        })
+        fault = next((r["time"] for r in records(logs) if r.get("event") == "exited"
+                      and r.get("rank") == 1 and r.get("returncode") == -signal.SIGKILL), None)
+        if fault is not None:
+            result["fault_to_attempt_end_s"] = failed["ended_at"] - fault
+            if first:
+                result["fault_to_next_first_step_s"] = first["time"] - fault
+    return result
+
+
+def stop(tmp: Path, at_step: int) -> dict[str, Any]:
+    logs = tmp / "stop"
+    argv = [*LAUNCH, "--log-dir", str(logs), str(MAIN)]
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    while last_step(logs) < at_step and proc.poll() is None:
+        time.sleep(0.02)
+    at, signalled = last_step(logs), time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate()
+    first_wall = time.monotonic() - started
+    again_started, relaunched = time.monotonic(), time.time()
+    again = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+    said = re.search(r"resumed from step (\d+)", (logs / "rank_0.log").read_text())
+    resumed = int(said.group(1)) if said else 0  # the trainer resumes by itself: its log says
+    first = first_step_after(logs, relaunched)
+    return {"wall_s": first_wall + time.monotonic() - again_started, "exit": again.returncode,
+            "signal_at_step": at, "resumed_from": resumed, "steps_redone": max(at - resumed, 0),
+            "signal_to_exit_s": relaunched - signalled,
+            "relaunch_to_first_step_s": (first["time"] - relaunched) if first else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--at-step", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "faults.json")
+    args = parser.parse_args()
+    rows: dict[str, list[dict[str, Any]]] = {"uninterrupted": [], "crash": [], "stop": []}
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
+            rows["uninterrupted"].append(uninterrupted(Path(tmp)))
+            rows["crash"].append(crash(Path(tmp), args.at_step))
+            rows["stop"].append(stop(Path(tmp), args.at_step))
+    base = statistics.median(r["wall_s"] for r in rows["uninterrupted"])
+    for kind, runs in rows.items():
+        wall = statistics.median(r["wall_s"] for r in runs)
+        print(f"{kind}: median wall {wall:.1f} s ({wall / base:.2f}x uninterrupted)")
+        for r in runs:
+            print("   ", json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                                     for k, v in r.items()}))
+    args.out.write_text(json.dumps({"at_step": args.at_step, "runs": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
