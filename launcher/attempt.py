@@ -18,15 +18,8 @@ from launcher.plan import LaunchPlan
 from launcher.restarts import (
     FailurePoint,
 )
-from launcher.stalls import (
-    HANG_EXIT_CODE,
-    HangCheck,
-    StackSample,
-    Stall,
-    describe_stall,
-    native_path,
-    stalled_before,
-)
+from launcher.stack_samples import StackSample, native_path
+from launcher.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from parallel import contract
 from parallel.contract import Event
 

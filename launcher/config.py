@@ -112,7 +112,7 @@ class LaunchConfig:
     server_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     """``--hang-timeout``: None when not given (the limit is learnt from the job,
-    ``stalls.Limits``); 0 turns hang detection off."""
+    ``hang_limits.Limits``); 0 turns hang detection off."""
     hang_grace: float = 1800.0
     max_restarts: int = 0
     restart_backoff: Optional[float] = None

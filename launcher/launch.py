@@ -29,6 +29,7 @@ from launcher.errors import ConfigError
 from launcher.events import prepare_dirs
 from launcher.failures import Cause, JobResult, Outcome
 from launcher.frameworks import FrameworkNote, mindspore_only
+from launcher.hang_limits import Learnt, Limits
 from launcher.job import Job, make_job
 from launcher.joblock import LogDirLock
 from launcher.monitor import JobMonitor
@@ -47,11 +48,7 @@ from launcher.restarts import (
     shrink_problem,
     stop_restarting,
 )
-from launcher.stalls import (
-    HangCheck,
-    Learnt,
-    Limits,
-)
+from launcher.stalls import HangCheck
 from launcher.supervisor import print_message, run_local
 from launcher.watch import wait_unless_signalled
 from parallel import contract

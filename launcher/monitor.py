@@ -18,7 +18,7 @@ one it reported: ``initialised`` says what ``init()`` chose, the trainer's first
 ``finished`` what the train step ran in.
 
 The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress``
-(``stalls.RankProgress``) holds the monitor's clock when a record arrived, not the rank's own
+(``hang_limits.RankProgress``) holds the monitor's clock when a record arrived, not the rank's own
 ``time``, so clock skew between hosts cannot fake or hide a stall. The rank hook's ``progress``
 events and the supervisors' ``stack`` samples feed that check only: they are not written to
 metrics.jsonl (twice a second per rank, and up to 64 KB each) and are not a rank's last event.
@@ -38,8 +38,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, TextIO, TypeVar
 
 from launcher.console_lines import runs_text
 from launcher.failures import Cause
+from launcher.hang_limits import RankProgress
 from launcher.restarts import AttemptRecord
-from launcher.stalls import RankProgress, Stall
+from launcher.stalls import Stall
 from launcher.startup import Marks, describe, job_phases
 from parallel import contract
 from parallel.config import ExecMode

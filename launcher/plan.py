@@ -124,7 +124,7 @@ class Timeouts:
     kill: float = 10.0
     startup: float = 300.0
     hang: Optional[float] = None
-    """None: learnt from the job (``stalls.Limits``)."""
+    """None: learnt from the job (``hang_limits.Limits``)."""
     hang_grace: float = 1800.0
 
 

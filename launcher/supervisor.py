@@ -8,7 +8,7 @@ MindSpore process and leaves ``MASTER_PORT`` free for its rank 0 to listen on, a
 The first rank that exits non-zero or by a signal, or reports an uncaught exception, ends the
 job; so do ranks that never initialise within the start-up timeout (their stacks are read first,
 to show where they are stuck). Once every rank here went silent past ``--hang-timeout``
-(``stalls.StallWatch``), their stacks are read and sent as ``stack`` events: node 0 judges the
+(``stack_samples.StallWatch``), their stacks are read and sent as ``stack`` events: node 0 judges the
 hang over every node's ranks (``stalls.HangCheck``) and stops the job. The loop itself handles
 the stop signals and closes the processes.
 """
@@ -31,10 +31,11 @@ from launcher.failures import (
     describe_stuck,
     root_cause,
 )
+from launcher.hang_limits import Limits
 from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
-from launcher.stalls import Limits, Stacks, StackSample, StallWatch, sample_stacks
+from launcher.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
 from launcher.watch import Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event

@@ -1,4 +1,4 @@
-"""Hang limits learnt from the job (``launcher.stalls.Limits``), end to end: with no
+"""Hang limits learnt from the job (``launcher.hang_limits.Limits``), end to end: with no
 ``--hang-timeout`` a hang in a job of sub-second steps is named by the learnt limit, which the
 message names; a rank that saves or evaluates alone for long, or a slow first compilation, is
 no hang. The ranks are plain Python reporting the contract's events themselves

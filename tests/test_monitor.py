@@ -22,8 +22,9 @@ from helpers import REPO, exited, feed, wait_for
 from launcher.checkpoints import CheckpointLedger
 from launcher.events import EventTail
 from launcher.failures import Outcome
+from launcher.hang_limits import Limits
 from launcher.monitor import JobMonitor, table_height
-from launcher.stalls import HangCheck, Limits, Stall, describe_stall
+from launcher.stalls import HangCheck, Stall, describe_stall
 from parallel import contract
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
