@@ -19,8 +19,9 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Sequenc
 
 from launcher import startup
 from launcher.errors import LaunchError
+from launcher.job_state import JobState, exec_mode_of
 from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, MAX_SHOWN, whole_number
-from launcher.monitor import JobState, build_summary, exec_mode_of
+from launcher.monitor import build_summary
 from parallel.config import ExecMode
 from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from rank_tables.bounded import JSON_DECODER, LongNumber, UnreadableFile, display_name, parse_json, read_text

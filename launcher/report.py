@@ -20,7 +20,7 @@ import click
 
 from launcher.errors import LaunchError
 from launcher.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, summary_from_metrics
-from launcher.monitor import describe_modes
+from launcher.status_display import describe_modes
 from parallel import contract
 from rank_tables.bounded import display_name
 

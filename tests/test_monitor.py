@@ -23,8 +23,9 @@ from launcher.checkpoints import CheckpointLedger
 from launcher.events import EventTail
 from launcher.failures import Outcome
 from launcher.hang_limits import Limits
-from launcher.monitor import JobMonitor, table_height
+from launcher.monitor import JobMonitor
 from launcher.stalls import HangCheck, Stall, describe_stall
+from launcher.status_display import table_height
 from parallel import contract
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
