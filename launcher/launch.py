@@ -137,10 +137,12 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
             return result
         point = attempt.failure_point(result)
-        if last is not None and cannot_help(last, point):
+        blamed.append(blamed_host(result))
+        # Without the host that caused both failures the next attempt differs: it may help.
+        leaving = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
+        if last is not None and leaving is None and cannot_help(last, point):
             return stop_restarting(result, point.told(last))
         last = point
-        blamed.append(blamed_host(result))
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
         waited = policy.wait_before(again)
         err.write(f"npu-launch: restart {again} of {policy.max_restarts}"

@@ -94,7 +94,9 @@ def test_a_hang_is_restarted_like_a_failure(weird_tmp: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restart 1 of 1 after: job hang-restart stopped: rank 1 on " in result.stderr, \
         result.stderr
-    assert " hangs: no progress for 4 s (--hang-timeout 4)" in result.stderr
+    # The silence shown is the check's (4 s or a little more on a busy machine); the limit is 4.
+    assert re.search(r" hangs: no progress for \d+ s \(--hang-timeout 4\)", result.stderr), \
+        result.stderr
     attempts = _attempts(logs)
     assert [(a["outcome"], a["exit_code"]) for a in attempts] == [("stalled", 124),
                                                                   ("succeeded", 0)]
