@@ -137,7 +137,8 @@ class CheckpointLedger:
             return None  # not a rank of this job
         with self._lock:
             ranks = self._steps.setdefault(step, {})
-            ranks[event.rank] = told
+            for rank, file in files_standing(event, told.file, self._world).items():
+                ranks[rank] = dataclasses.replace(told, file=file)
             files = complete_files({r: rep.file for r, rep in ranks.items()}, self._world)
             if files is None:
                 return None
@@ -335,6 +336,15 @@ def place_for_resume(point: ResumePoint, ranks: Sequence[int], host: str,
         atomic_write_bytes(os.path.join(folder, MANIFEST),
                            dataclasses.replace(manifest, files=files).to_json().encode())
     return fetched
+
+
+def files_standing(event: Event, file: RankFile, world: int) -> dict[int, RankFile]:
+    """The ranks a checkpoint event's ``file`` stands for: its own rank, or, for last words
+    (``parallel.last_words``: a data-parallel replica's state saved as a peer failed), every
+    rank of the world, each entry naming that one file."""
+    if event.record.get("last_words") is not True:
+        return {event.rank: file}
+    return {rank: dataclasses.replace(file, rank=rank) for rank in range(world)}
 
 
 def reported(event: Event) -> Optional[Reported]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
+from launcher.checkpoints import files_standing
 from launcher.hang_limits import RankProgress
 from launcher.startup import Marks, job_phases
 from parallel import contract
@@ -178,7 +179,7 @@ def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float
                             "path": event.path, "time": state.last_event_time})
     file = RankFile.reported(state.rank, event.record)
     if file is not None and event.step is not None and file.position.global_step == event.step:
-        job.files.setdefault(event.step, {})[state.rank] = file
+        job.files.setdefault(event.step, {}).update(files_standing(event, file, len(job.ranks)))
 
 
 def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:

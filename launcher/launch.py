@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
+from launcher import last_words
 from launcher.agent import payload_for
 from launcher.attempt import Attempt, Attempts
 from launcher.backends.ssh_mux import SshMasters
 from launcher.card_checks import recheck_before_restart
-from launcher.checkpoints import CheckpointLedger, ResumePoint
+from launcher.checkpoints import CheckpointLedger, MissingCheckpoint, ResumePoint, place_for_resume
 from launcher.cluster import run_agents
 from launcher.collect import mark_storage
 from launcher.config import LaunchConfig
@@ -32,6 +34,7 @@ from launcher.frameworks import FrameworkNote, mindspore_only
 from launcher.hang_limits import Learnt, Limits
 from launcher.job import Job, make_job
 from launcher.joblock import LogDirLock
+from launcher.last_words import LastWordsRequest
 from launcher.monitor import JobMonitor
 from launcher.output import Console
 from launcher.payload import serving
@@ -250,6 +253,7 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
             attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
     _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
+    last_words.clear(plan.log_dir)
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -257,9 +261,12 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
     if job.backend is None:
         prepare_dirs(plan.log_dir, [p for spec in plan.on_node(job.node_rank) for p in spec.files])
         _write_plan(plan)
+        missing = _place_here(plan, job.node_rank)
+        if missing is not None:
+            return missing
         stop = StopRequest(plan, attempt, err)
         return run_local(plan, environ, job.node_rank, console, config.console, attempt,
-                         on_stop=stop)
+                         on_stop=stop, on_fault=LastWordsRequest(plan, attempt, err))
     prepare_dirs(plan.log_dir)
     mark_storage(plan.log_dir, plan.token)  # before any agent looks for it
     replicas = plan.resume.replicas if plan.resume else {}
@@ -302,6 +309,28 @@ class StopRequest:
 
     def ranks_stopped(self) -> bool:
         return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
+
+
+def _place_here(plan: LaunchPlan, node_rank: int) -> Optional[JobResult]:
+    """On a restart of ranks run here, the resume step's manifest beside their files (a
+    last-words step has one rank's file, which stands for every rank: no rank wrote a manifest
+    of it), a damaged or missing file replaced by a replica when the layout has them; the
+    failed result when a file cannot be had (nothing is started)."""
+    point = plan.resume
+    if point is None:
+        return None
+    specs = [s for s in plan.on_node(node_rank) if s.rank is not None]
+    ranks = [s.rank for s in specs if s.rank is not None]
+    fetch = (lambda rank, path: shutil.copyfile(point.replicas[rank], path)) \
+        if plan.replicated else None
+    try:
+        place_for_resume(point, ranks, specs[0].host if specs else "?", fetch)
+    except (MissingCheckpoint, OSError) as e:
+        rank = e.rank if isinstance(e, MissingCheckpoint) else None
+        return JobResult(Outcome.FAILED, 1, f"npu-launch: job {plan.job_id} failed before "
+                         f"restart {plan.restart}: {e}", time.time(),
+                         Cause(Outcome.FAILED, "rank", rank, time=time.time()))
+    return None
 
 
 def _clear_stop_request(log_dir: str) -> None:

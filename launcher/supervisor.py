@@ -36,7 +36,7 @@ from launcher.output import Console
 from launcher.plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.process import Exit, ProcessGroup
 from launcher.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
-from launcher.watch import Reporter, StopHook, Watch
+from launcher.watch import FaultHook, Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event
 
@@ -248,10 +248,13 @@ class LocalRanks:
 
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
               console_filter: ConsoleFilter, reporter: Reporter,
-              on_stop: Optional[StopHook] = None) -> JobResult:
-    """Run this node's share of ``plan`` here until it ends; ``on_stop``: see ``Watch``."""
+              on_stop: Optional[StopHook] = None,
+              on_fault: Optional[FaultHook] = None) -> JobResult:
+    """Run this node's share of ``plan`` here until it ends; ``on_stop``, ``on_fault``: see
+    ``Watch``."""
     ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
-    return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop).run()
+    return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop,
+                 on_fault=on_fault).run()
 
 
 def _remove_stale(spec: ProcessSpec) -> None:

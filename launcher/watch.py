@@ -50,6 +50,13 @@ class StopHook(Protocol):
         """Every rank exited: nothing to wait for."""
 
 
+class FaultHook(Protocol):
+    """What a failed or hung job does before any process is stopped (``last_words``)."""
+
+    def __call__(self, group: ProcessGroup, stall: Optional[Stall]) -> None:
+        """Bounded: a few seconds at most."""
+
+
 class _NoSave:
     def __call__(self, signum: int) -> float:
         return 0.0
@@ -90,7 +97,8 @@ class Watch:
 
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
                  tick: Callable[[], Optional[Stall]] = lambda: None,
-                 interval: float = _TICK, on_stop: Optional[StopHook] = None) -> None:
+                 interval: float = _TICK, on_stop: Optional[StopHook] = None,
+                 on_fault: Optional[FaultHook] = None) -> None:
         self._plan = plan
         self._source = source
         self._group = group
@@ -103,6 +111,7 @@ class Watch:
         """Called once on a stop signal: the seconds the ranks get to save and exit on their
         own (0: stop them now)."""
         self._stop_by: Optional[float] = None
+        self._on_fault = on_fault
         self._wake = threading.Event()
         self._stall: Optional[Stall] = None
 
@@ -112,6 +121,8 @@ class Watch:
         try:
             self._source.start(self._group, self._wake)
             outcome = self._loop()
+            if self._on_fault is not None and outcome in (Outcome.FAILED, Outcome.STALLED):
+                self._on_fault(self._group, self._stall)
             self._source.before_close(self._group, outcome)
         finally:
             _no_save(self._plan.log_dir)

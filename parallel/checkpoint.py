@@ -105,6 +105,25 @@ def save_rank(ckpt_dir: PathLike, step: int, rank: int, params: Sequence[Any],
     return entry
 
 
+def read_rank_entry(ckpt_dir: PathLike, step: int, rank: int) -> Optional[RankFile]:
+    """Rank ``rank``'s entry of ``step`` as its sidecar says; None when it is not there."""
+    sidecar = _sidecar_path(rank_checkpoint_path(ckpt_dir, step, rank))
+    try:
+        return RankFile.from_dict(json.loads(sidecar.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove_rank(ckpt_dir: PathLike, step: int, rank: int) -> None:
+    """Delete rank ``rank``'s file of ``step`` and its sidecar (the sidecar first), and the step
+    directory once empty."""
+    ckpt = rank_checkpoint_path(ckpt_dir, step, rank)
+    _sidecar_path(ckpt).unlink(missing_ok=True)
+    ckpt.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        ckpt.parent.rmdir()
+
+
 def _extras_dict(position: DataPosition, extras: Mapping[str, Union[int, float]]) -> dict:
     values = {**dataclasses.asdict(position), **extras}
     return {EXTRA_PREFIX + name: value for name, value in values.items()}

@@ -186,6 +186,13 @@ every rank saves a checkpoint and exits 0 (a rank past it saves the step it is a
 ``STOP_NO_SAVE``, written as the job's processes are stopped without a save, so that a rank
 that got the stop signal itself dies at once (``parallel.preemption``)."""
 STOP_NO_SAVE = "none"
+LAST_WORDS_REQUEST_FILE = "last_words_request"
+"""Written by node 0 into ``LOG_DIR`` when a rank of a data-parallel job failed or hung, before
+any other is stopped: ``<rank> <attempt>``, the healthy rank that saves the last step it
+completed (``parallel.last_words``) and the attempt (``RESTART``) it is asked of. That rank
+writes ``LAST_WORDS_REPLY_FILE``: ``saved <step>`` (its ``checkpoint`` event says
+``last_words``: the file stands for every rank) or ``none <why>``."""
+LAST_WORDS_REPLY_FILE = "last_words_reply"
 EVENT_EVAL = "eval"
 """The trainer's held-out evaluation: ``epoch`` (epochs completed), ``step``, ``loss``,
 ``accuracy`` (null without class labels) and ``samples``."""

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -28,7 +29,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, checkpoint, contract, events, preemption
+from parallel import amp, checkpoint, contract, events, last_words, preemption
 from parallel.train_cells import (
     AccumulateStep,
     Accumulators,
@@ -52,7 +53,7 @@ from parallel.trainer_api import (  # noqa: F401  (re-exported: the trainer's pu
     TrainerError,
     TrainOptions,
 )
-from parallel.trainer_checkpoints import CheckpointSteps
+from parallel.trainer_checkpoints import CheckpointSteps, LastWordsSaver
 from parallel.trainer_support import (
     DATA_PARALLEL_MODES,
     Meter,
@@ -67,6 +68,10 @@ from parallel.trainer_support import (
 )
 
 log = logging.getLogger(__name__)
+
+
+_LINGER = 1.0
+"""Seconds a rank whose step raised waits for a last-words request before it goes on dying."""
 
 
 class Trainer(CheckpointSteps):
@@ -103,6 +108,8 @@ class Trainer(CheckpointSteps):
         self._confirmed_steps: list[int] = []
         self._gather: Optional[RowGather] = None
         self._replicas_checked = False
+        self._save_lock = threading.Lock()
+        self._progress = last_words.Progress.start(self.position)
         if self.options.resume is ResumeMode.AUTO:
             self._resume()
 
@@ -146,9 +153,30 @@ class Trainer(CheckpointSteps):
         self._check_replicas()
         for callback in self.callbacks:
             callback.on_fit_start(self)
-        with preemption.deferred_sigterm(self._stop_file):
-            self._train(run, epochs, max_steps)
+        self._progress = last_words.Progress.start(self.position)
+        listener = self._last_words_listener()
+        try:
+            with preemption.deferred_sigterm(self._stop_file):
+                self._train(run, epochs, max_steps)
+        except BaseException:
+            if listener is not None:  # a peer's failure broke the step: its request may come
+                listener.linger(_LINGER)
+            raise
+        finally:
+            if listener is not None:
+                listener.stop()
         return self._finish(run)
+
+    def _last_words_listener(self) -> Optional[last_words.Listener]:
+        """Under npu-launch, with checkpoints and peers: the thread that saves the last completed
+        step when npu-launch asks, a peer having failed (``parallel.last_words``)."""
+        if self.options.ckpt_dir is None or self.world_size < 2:
+            return None
+        why_not = "" if self.data_parallel else (
+            f"the layout is sliced ({parallel_mode()}): no other rank holds a lost rank's state")
+        listener = last_words.Listener.from_environ(self.rank, lambda: self._progress,
+                                                    LastWordsSaver(self), why_not)
+        return listener.start() if listener is not None else None
 
     def _train(self, run: Run, epochs: int, max_steps: Optional[int]) -> None:
         if self.position.epoch >= epochs or self._reached(max_steps):
@@ -190,6 +218,7 @@ class Trainer(CheckpointSteps):
         run.meter.add(int(batch[0].shape[0]))
         consumed = self.position.batch_in_epoch + 1
         if self.options.grad_accumulation == 1:
+            began = self._begin_step()
             loss, finite = self._step(*batch)
         else:
             self._accumulate(*batch)
@@ -197,12 +226,20 @@ class Trainer(CheckpointSteps):
             if window < self.options.grad_accumulation and consumed < self.batches_per_epoch:
                 self.position = dataclasses.replace(self.position, batch_in_epoch=consumed)
                 return False
+            began = self._begin_step()
             loss, finite = self._apply(ms.Tensor(1.0 / window, ms.float32))
         self._advance(consumed)
+        took = time.monotonic() - began if run.steps_run else None  # the first compiled
+        self._progress = self._progress.complete(self.position, took)
         run.last_loss = loss
         run.epoch_losses.append(loss)
         run.pending_finite.append(finite)
         return True
+
+    def _begin_step(self) -> float:
+        """The call that updates the parameters starts now (for last words: not quiet)."""
+        self._progress = self._progress.begin()
+        return time.monotonic()
 
     def _advance(self, consumed: int) -> None:
         step = self.position.global_step + 1

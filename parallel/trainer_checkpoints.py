@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -14,6 +15,7 @@ import numpy as np
 from mindspore import nn
 
 from parallel import amp, checkpoint, contract, events
+from parallel.manifest import DataPosition, RankFile
 from parallel.train_cells import RowGather
 from parallel.trainer_api import Callback, TrainerError, TrainOptions
 from parallel.trainer_support import Run
@@ -40,6 +42,7 @@ class CheckpointSteps:
     _confirmed_steps: list[int]
     _gather: Optional[RowGather]
     _replicas_checked: bool
+    _save_lock: threading.Lock
 
     def _resume(self) -> None:
         ckpt_dir = self._ckpt_dir()
@@ -94,9 +97,10 @@ class CheckpointSteps:
         if self.options.ckpt_dir is None or step in self._saved_steps:
             return
         started = time.perf_counter()
-        entry = checkpoint.save_rank(self.options.ckpt_dir, step, self.rank, self._state_params(),
-                                     self.position, self._extras())
-        self._saved_steps.add(step)
+        with self._save_lock:  # last words (another thread) never write the same file at once
+            entry = checkpoint.save_rank(self.options.ckpt_dir, step, self.rank,
+                                         self._state_params(), self.position, self._extras())
+            self._saved_steps.add(step)
         self._check_replicas(force=True)  # also the barrier before rank 0 looks for all files
         self._pending_manifests.add(step)
         self._complete_pending()
@@ -178,3 +182,39 @@ def _digest_row(digest: bytes) -> np.ndarray:
 
 def _row_digest(row: np.ndarray) -> bytes:
     return np.asarray(row, dtype=np.float32).astype(">u2").tobytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class LastWordsSaver:
+    """The trainer's :class:`parallel.last_words.Saver`: what a periodic checkpoint of the step
+    holds, written from the last-words thread while the main thread is blocked. A step this
+    rank saved already is reported as it is, never written again."""
+
+    trainer: CheckpointSteps
+
+    def save(self, step: int, position: DataPosition) -> tuple[RankFile, bool]:
+        trainer, ckpt_dir = self.trainer, self.trainer._ckpt_dir()
+        with trainer._save_lock:
+            if step in trainer._saved_steps:
+                entry = checkpoint.read_rank_entry(ckpt_dir, step, trainer.rank)
+                if entry is not None and entry.position == position:
+                    return entry, False
+            entry = checkpoint.save_rank(ckpt_dir, step, trainer.rank, trainer._state_params(),
+                                         position, trainer._extras())
+        return entry, True
+
+    def publish(self, saved: tuple[RankFile, bool]) -> None:
+        entry, _ = saved
+        ckpt_dir = self.trainer.options.ckpt_dir or ""
+        path = os.path.abspath(checkpoint.step_dir(ckpt_dir, entry.position.global_step)
+                               / entry.name)
+        events.emit(contract.EVENT_CHECKPOINT, step=entry.position.global_step, path=path,
+                    name=entry.name, size=entry.size, sha256=entry.sha256,
+                    position=dataclasses.asdict(entry.position),
+                    world_size=self.trainer.world_size, last_words=True)
+
+    def discard(self, saved: tuple[RankFile, bool]) -> None:
+        entry, written = saved
+        if written:
+            checkpoint.remove_rank(self.trainer.options.ckpt_dir or "",
+                                   entry.position.global_step, self.trainer.rank)

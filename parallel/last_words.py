@@ -1,0 +1,223 @@
+"""Last words: when a rank of a data-parallel job fails or hangs, one healthy replica saves the
+state of the last step it completed before npu-launch stops anything.
+
+npu-launch (node 0) writes ``contract.LAST_WORDS_REQUEST_FILE`` into the log directory:
+``<rank> <attempt>``. A thread of each rank (:class:`Listener`) looks for it every ``POLL``
+seconds while the trainer fits; the rank named answers, the others ignore it. While the main
+thread is blocked inside the step's all-reduce (its peer is gone), MindSpore has released the
+GIL, and the parameters are those after the last completed step: the optimizer runs after the
+all-reduce, so a step whose all-reduce cannot finish changes nothing.
+
+Whether the state is consistent is the trainer's to say, through :class:`Progress`: the steps
+begun and completed, and when that last changed. The state is saved only once the main thread
+has been quiet (no step begun or completed) for ``SETTLE`` seconds or five times the longest
+recent step, whichever is longer, and it must still be so once the file is written; otherwise
+(the step was still being applied) nothing is kept and the answer says why. The answer is
+``contract.LAST_WORDS_REPLY_FILE``: ``saved <step>`` or ``none <why>``, within ``WAIT`` seconds
+(npu-launch waits a little longer, then stops the job either way).
+
+Nothing here imports MindSpore: the trainer passes the save.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from parallel import contract
+from parallel.manifest import DataPosition, atomic_write_bytes
+
+POLL = 0.02
+"""Seconds between two looks for the request (a ``stat``)."""
+SETTLE = 0.25
+"""The shortest quiet (no step begun or completed) that counts as the main thread blocked."""
+QUIET_STEPS = 5
+"""The quiet needed is also this many times the longest recent step."""
+WAIT = 2.0
+"""Seconds a rank asked tries to find a consistent state before it answers ``none``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where the main thread stands, replaced (never mutated) at each step's start and end.
+
+    ``begun`` is the step being run (``done + 1`` inside the optimizer step's call, ``done``
+    between steps); ``position`` is the data position after step ``done``; ``at`` when this
+    was last replaced (``time.monotonic``); ``longest`` the longest recent step, in seconds."""
+
+    begun: int
+    done: int
+    position: DataPosition
+    at: float
+    longest: float = 0.0
+
+    @classmethod
+    def start(cls, position: DataPosition) -> "Progress":
+        """Before the first step of a fit: ``position`` is the state's (resumed or initial)."""
+        return cls(position.global_step, position.global_step, position, time.monotonic())
+
+    def begin(self) -> "Progress":
+        """The main thread enters the call that updates the parameters."""
+        return dataclasses.replace(self, begun=self.done + 1, at=time.monotonic())
+
+    def complete(self, position: DataPosition, took: Optional[float]) -> "Progress":
+        """That call returned: ``position`` is the state's now; ``took`` the step's seconds
+        (None for a step that compiled)."""
+        longest = self.longest if took is None else max(took, self.longest * 0.9)
+        return Progress(position.global_step, position.global_step, position, time.monotonic(),
+                        longest)
+
+    def quiet_needed(self) -> float:
+        return max(SETTLE, QUIET_STEPS * self.longest)
+
+
+class Saver(Protocol):
+    """How the rank's state is written (the trainer's): ``save`` writes this rank's checkpoint
+    of ``step`` at ``position`` with the parameters, optimizer state and loss scale as they are
+    now; ``publish`` reports it (the state was consistent); ``discard`` removes it (it was not)."""
+
+    def save(self, step: int, position: DataPosition) -> Any: ...
+
+    def publish(self, saved: Any) -> None: ...
+
+    def discard(self, saved: Any) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What the rank asked says: the step saved, or why none was."""
+
+    step: Optional[int] = None
+    why: str = ""
+
+    def line(self) -> str:
+        return f"saved {self.step}\n" if self.step is not None else f"none {self.why}\n"
+
+
+def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
+           poll: float = POLL) -> Answer:
+    """Save the last completed step once the main thread is quiet, within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        seen = progress()
+        quiet_for = time.monotonic() - seen.at
+        if quiet_for >= seen.quiet_needed():
+            if seen.done < 1:
+                return Answer(why="no step completed yet")
+            saved = saver.save(seen.done, seen.position)
+            if progress() is seen:
+                saver.publish(saved)
+                return Answer(step=seen.done)
+            saver.discard(saved)  # the main thread moved while the state was read
+        if time.monotonic() >= deadline:
+            inside = f"inside step {seen.begun}" if seen.begun > seen.done else "between steps"
+            return Answer(why=f"the trainer was still {inside} (not quiet for "
+                              f"{seen.quiet_needed():.2f} s within {wait:g} s): a step being "
+                              "applied is never saved")
+        time.sleep(poll)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """npu-launch's request: the rank that answers, in which attempt."""
+
+    rank: int
+    attempt: int
+
+    @classmethod
+    def read(cls, path: str) -> "Optional[Request]":
+        """The request in ``path``; None when it is missing, being written or unreadable."""
+        try:
+            with open(path) as f:
+                words = f.read().split()
+        except OSError:
+            return None
+        if len(words) != 2 or not all(w.isdigit() for w in words):
+            return None
+        return cls(int(words[0]), int(words[1]))
+
+    def text(self) -> str:
+        return f"{self.rank} {self.attempt}\n"
+
+
+def request_path(log_dir: str) -> str:
+    return os.path.join(log_dir, contract.LAST_WORDS_REQUEST_FILE)
+
+
+def reply_path(log_dir: str) -> str:
+    return os.path.join(log_dir, contract.LAST_WORDS_REPLY_FILE)
+
+
+class Listener:
+    """A daemon thread of the rank that waits for the request and, when this rank is asked,
+    answers it (``why_not``: the reason this rank can never answer, such as a sliced layout)."""
+
+    def __init__(self, log_dir: str, rank: int, attempt: int, progress: Callable[[], Progress],
+                 saver: Saver, why_not: str = "") -> None:
+        self._request, self._reply = request_path(log_dir), reply_path(log_dir)
+        self._rank, self._attempt = rank, attempt
+        self._progress, self._saver = progress, saver
+        self._why_not = why_not
+        self._stop = threading.Event()
+        self.answered = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="npu-launch-last-words",
+                                        daemon=True)
+
+    @classmethod
+    def from_environ(cls, rank: int, progress: Callable[[], Progress], saver: Saver,
+                     why_not: str = "") -> "Optional[Listener]":
+        """A listener for this rank under npu-launch, None outside it."""
+        log_dir = os.environ.get(contract.LOG_DIR)
+        if not log_dir:
+            return None
+        attempt = int(os.environ.get(contract.RESTART, "0") or 0)
+        return cls(log_dir, rank, attempt, progress, saver, why_not)
+
+    def start(self) -> "Listener":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def linger(self, seconds: float) -> None:
+        """The main thread is leaving on an exception: give a request that may be on its way
+        ``seconds`` to arrive, and the answer to one that came the time it takes (the peer
+        that broke the collective may be the rank that failed)."""
+        deadline = time.monotonic() + seconds
+        while not self.answered.is_set():
+            asked = self._asked()
+            if asked is False or (asked is None and time.monotonic() >= deadline):
+                return
+            time.sleep(POLL)
+
+    def _asked(self) -> Optional[bool]:
+        """True: this rank is asked; False: another is; None: no request (yet)."""
+        request = Request.read(self._request)
+        if request is None or request.attempt != self._attempt:
+            return None
+        return request.rank == self._rank
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL):
+            asked = self._asked()
+            if asked is None:
+                continue
+            if asked:
+                self._answer()
+            return
+
+    def _answer(self) -> None:
+        if self._why_not:
+            said = Answer(why=self._why_not)
+        else:
+            try:
+                said = answer(self._progress, self._saver)
+            except Exception as error:  # noqa: BLE001 (the answer says it; the rank goes on)
+                said = Answer(why=f"the save failed: {type(error).__name__}: {error}")
+        try:
+            atomic_write_bytes(self._reply, said.line().encode())
+        finally:
+            self.answered.set()
