@@ -54,7 +54,7 @@ class LastWordsRequest:
         lost = self._lost(ranks, stall)
         healthy = sorted(savers - lost)
         if not self.plan.replicated:
-            self._say_none("the layout is sliced (model or pipeline parallel): no rank holds "
+            self._say_none("the layout is sliced (model or pipeline parallel), no rank holds "
                            "another's state")
         elif stall is not None and stall.rank is None:
             self._say_none("every rank went silent: none is known to be healthy")
@@ -100,7 +100,7 @@ class LastWordsRequest:
         point = self.attempt.ledger.resume_point() if self.attempt.ledger is not None else None
         where = f"step {point.step}, the last complete checkpoint" if point else \
             "the start (no complete checkpoint)"
-        self._say(f"npu-launch: no last words ({why}); a restart resumes from {where}")
+        self._say(f"npu-launch: no last words: {why}; a restart resumes from {where}")
 
     def _say(self, line: str) -> None:
         if self.err is not None:

@@ -113,9 +113,9 @@ def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
             saver.discard(saved)  # the main thread moved while the state was read
         if time.monotonic() >= deadline:
             inside = f"inside step {seen.begun}" if seen.begun > seen.done else "between steps"
-            return Answer(why=f"the trainer was still {inside} (not quiet for "
-                              f"{seen.quiet_needed():.2f} s within {wait:g} s): a step being "
-                              "applied is never saved")
+            return Answer(why=f"the trainer was still {inside}, not quiet for "
+                              f"{seen.quiet_needed():.2f} s within {wait:g} s (a step being "
+                              "applied is never saved)")
         time.sleep(poll)
 
 

@@ -173,7 +173,7 @@ class Trainer(CheckpointSteps):
         if self.options.ckpt_dir is None or self.world_size < 2:
             return None
         why_not = "" if self.data_parallel else (
-            f"the layout is sliced ({parallel_mode()}): no other rank holds a lost rank's state")
+            f"the layout is sliced ({parallel_mode()}), no other rank holds a lost rank's state")
         listener = last_words.Listener.from_environ(self.rank, lambda: self._progress,
                                                     LastWordsSaver(self), why_not)
         return listener.start() if listener is not None else None

@@ -1,0 +1,72 @@
+"""A plain-Python 2-rank job that speaks the trainer's side of last words (``parallel.last_words``)
+without MindSpore, for the launcher-side tests: both ranks report steps as the trainer does
+(``saves_on_stop``), rank 1 fails after step ``--at``, and rank 0 then either blocks inside step
+``--at + 1`` as a replica blocked in the all-reduce would (``--rank0 quiet``) or never settles
+(``--rank0 busy``: a step being applied over and over). Its saver writes a small file standing
+for the state and reports it in a ``checkpoint`` event marked ``last_words``, as the trainer's
+does. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
+and the manifest beside its file, and exits 0.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from parallel import contract, events, last_words
+from parallel.manifest import MANIFEST, DataPosition, atomic_write_bytes, sha256_file
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--at", type=int, default=3)
+parser.add_argument("--rank0", choices=["quiet", "busy"], default="quiet")
+args = parser.parse_args()
+rank = contract.RankIdentity.from_environ(os.environ).rank
+ckpt = Path(os.environ[contract.LOG_DIR]) / "checkpoints"
+
+if os.environ.get(contract.RESTART, "0") != "0":
+    step = os.environ.get(contract.RESUME_STEP, "")
+    manifest = ckpt / f"step_{step}" / MANIFEST if step else None
+    names = [f["name"] for f in json.loads(manifest.read_text())["files"]] if manifest else []
+    print(f"rank {rank} resumes from step {step or 'none'} with {names}", flush=True)
+    sys.exit(0)
+
+
+class FileSaver:
+    def save(self, step: int, position: DataPosition) -> Path:
+        path = ckpt / f"step_{step}" / f"rank_{rank}.ckpt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, f"rank {rank}'s state after step {step}\n".encode())
+        return path
+
+    def publish(self, path: Path) -> None:
+        step = int(path.parent.name.split("_")[1])
+        events.emit(contract.EVENT_CHECKPOINT, step=step, path=str(path.resolve()), name=path.name,
+                    size=path.stat().st_size, sha256=sha256_file(path),
+                    position=dataclasses.asdict(DataPosition(0, step, step)), world_size=2,
+                    last_words=True)
+
+    def discard(self, path: Path) -> None:
+        path.unlink()
+
+
+events.emit(contract.EVENT_INITIALISED)  # as the rank hook would after init(): restartable
+progress = last_words.Progress.start(DataPosition())
+listener = last_words.Listener.from_environ(rank, lambda: progress, FileSaver())
+assert listener is not None
+listener.start()
+for step in range(1, args.at + 1):
+    progress = progress.begin()
+    time.sleep(0.01)
+    progress = progress.complete(DataPosition(0, step, step), 0.01)
+    first = {"saves_on_stop": True, "log_every": 1} if step == 1 else {}
+    events.emit(contract.EVENT_STEP, step=step, epoch=0, loss=1.0 / step, **first)
+if rank == 1:
+    sys.exit(3)
+if args.rank0 == "quiet":
+    progress = progress.begin()  # inside the next step, waiting on rank 1 for ever
+    time.sleep(300)
+while True:
+    progress = progress.begin()  # a step being applied again and again: never quiet
+    time.sleep(0.005)

@@ -1,0 +1,176 @@
+"""Last words (issue 24 part 1), the parts that need no MindSpore: when a rank's state counts as
+consistent (in this process), the ledger taking one replica's file as every rank's, and node 0's
+request, wait and one line, with plain-Python ranks that speak the trainer's side of it
+(``tests/rank_scripts/last_words_plain.py``). The MindSpore half is tests/test_last_words_ranks.py."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+
+from launcher.checkpoints import CheckpointLedger
+from parallel import last_words
+from parallel.contract import Event
+from parallel.last_words import Answer, Progress, Request
+from parallel.manifest import DataPosition
+
+PLAIN = str(RANK_SCRIPTS / "last_words_plain.py")
+
+
+class Recorder:
+    """A ``last_words.Saver`` that keeps what it was asked, and can move the main thread on
+    while the state is read (``moves``: how many saves see it move)."""
+
+    def __init__(self, holder: dict[str, Progress], moves: int = 0) -> None:
+        self.holder, self.moves = holder, moves
+        self.calls: list[tuple[str, Any]] = []
+
+    def save(self, step: int, position: DataPosition) -> int:
+        self.calls.append(("save", step))
+        if self.moves:
+            self.moves -= 1
+            self.holder["now"] = self.holder["now"].begin()
+        return step
+
+    def publish(self, saved: int) -> None:
+        self.calls.append(("publish", saved))
+
+    def discard(self, saved: int) -> None:
+        self.calls.append(("discard", saved))
+
+
+def _quiet_since(seconds: float, done: int = 7, inside: bool = True) -> Progress:
+    position = DataPosition(1, 3, done)
+    return Progress(done + 1 if inside else done, done, position, time.monotonic() - seconds)
+
+
+def test_a_rank_blocked_inside_the_next_step_saves_the_one_it_completed() -> None:
+    holder = {"now": _quiet_since(1.0)}
+    saver = Recorder(holder)
+    said = last_words.answer(lambda: holder["now"], saver, wait=1.0, poll=0.001)
+    assert said == Answer(step=7)
+    assert saver.calls == [("save", 7), ("publish", 7)]
+
+
+def test_a_state_read_while_the_main_thread_moved_is_discarded_and_read_again() -> None:
+    holder = {"now": _quiet_since(1.0)}
+    saver = Recorder(holder, moves=1)
+    said = last_words.answer(lambda: holder["now"], saver, wait=1.0, poll=0.001)
+    # It moved into step 8 (begun, not done): once quiet again, step 7 is still the last done.
+    assert said == Answer(step=7)
+    assert saver.calls == [("save", 7), ("discard", 7), ("save", 7), ("publish", 7)]
+
+
+def test_a_main_thread_that_never_settles_gives_no_state_and_says_why() -> None:
+    holder = {"now": _quiet_since(0.0)}
+    saver = Recorder(holder)
+
+    def moving() -> Progress:
+        holder["now"] = holder["now"].begin()  # a step being applied, again and again
+        return holder["now"]
+
+    said = last_words.answer(moving, saver, wait=0.3, poll=0.001)
+    assert said.step is None and saver.calls == []
+    assert said.why.startswith("the trainer was still inside step 8, not quiet for 0.25 s "
+                               "within 0.3 s"), said.why
+
+
+def test_the_quiet_needed_grows_with_the_steps_seen_and_a_compiling_step_is_not_one() -> None:
+    progress = Progress.start(DataPosition())
+    assert progress.quiet_needed() == last_words.SETTLE
+    progress = progress.begin().complete(DataPosition(0, 1, 1), None)  # compiled: not counted
+    assert progress.quiet_needed() == last_words.SETTLE
+    progress = progress.begin().complete(DataPosition(0, 2, 2), 0.2)
+    assert progress.quiet_needed() == pytest.approx(1.0)
+
+
+def test_nothing_is_saved_before_a_first_step() -> None:
+    holder = {"now": _quiet_since(1.0, done=0, inside=False)}
+    saver = Recorder(holder)
+    said = last_words.answer(lambda: holder["now"], saver, wait=0.2, poll=0.001)
+    assert said == Answer(why="no step completed yet") and saver.calls == []
+
+
+def test_a_request_names_the_rank_and_the_attempt(tmp_path: Path) -> None:
+    path = tmp_path / "last_words_request"
+    assert Request.read(str(path)) is None
+    path.write_text("1 2\n")
+    assert Request.read(str(path)) == Request(1, 2)
+    path.write_text("1")  # being written
+    assert Request.read(str(path)) is None
+
+
+def _checkpoint(rank: int, step: int, path: Path, last: bool) -> Event:
+    event = Event.parse({"event": "checkpoint", "rank": rank, "host": "h", "time": 1.0,
+                         "step": step, "path": str(path), "name": path.name, "size": 10,
+                         "sha256": "ab" * 32, "world_size": 2, "last_words": last,
+                         "position": {"epoch": 1, "batch_in_epoch": 3, "global_step": step}})
+    assert event is not None
+    return event
+
+
+def test_the_ledger_takes_last_words_as_every_ranks_file(tmp_path: Path) -> None:
+    ledger = CheckpointLedger(str(tmp_path), 2, data_parallel=True)
+    file = tmp_path / "checkpoints" / "step_50" / "rank_0.ckpt"
+    assert ledger.record(_checkpoint(0, 49, file.with_name("x.ckpt"), last=False)) is None
+    manifest = ledger.record(_checkpoint(0, 50, file, last=True))
+    assert manifest is not None and manifest.step == 50
+    assert [(f.rank, f.name) for f in manifest.files] == [(0, "rank_0.ckpt"), (1, "rank_0.ckpt")]
+    point = ledger.resume_point()
+    assert point is not None and point.step == 50 and dict(point.paths) == {0: str(file),
+                                                                          1: str(file)}
+    written = json.loads((tmp_path / "checkpoint_ledger" / "step_50" / "manifest.json").read_text())
+    assert written["step"] == 50
+
+
+def _launch(tmp: Path, *args: str, restarts: bool = True) -> Any:
+    logs = tmp / "logs"
+    again = ("--max-restarts", "1", "--restart-backoff", "0") if restarts else ()
+    result = run_launcher("--device", "cpu", "--cards", "2", "--console", "none", "--job-id",
+                          "last-words", *again, "--log-dir", str(logs), *args, timeout=120)
+    assert_no_job_processes("last-words")
+    return result, logs
+
+
+def _rank_lines(logs: Path) -> list[str]:
+    return [(logs / f"rank_{r}.log").read_text().strip().splitlines()[-1] for r in (0, 1)]
+
+
+def test_a_failed_rank_leaves_the_healthy_replicas_last_step_and_the_restart_resumes_it(
+        weird_tmp: Path) -> None:
+    result, logs = _launch(weird_tmp, PLAIN, "--at", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "last words" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "npu-launch: last words: rank 0 saved step 3 for every rank before the job was stopped ("), said
+    assert _rank_lines(logs) == ["rank 0 resumes from step 3 with ['rank_0.ckpt', 'rank_0.ckpt']",
+                                 "rank 1 resumes from step 3 with ['rank_0.ckpt', 'rank_0.ckpt']"]
+    summary = json.loads((logs / "summary.json").read_text())
+    assert 3 in summary["complete_steps"]
+
+
+def test_a_replica_that_never_settles_saves_nothing_and_one_line_says_so(weird_tmp: Path) -> None:
+    result, logs = _launch(weird_tmp, PLAIN, "--at", "3", "--rank0", "busy")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "last words" in line]
+    assert said == ["npu-launch: no last words: rank 0: the trainer was still inside step 4, not "
+                    "quiet for 0.25 s within 2 s (a step being applied is never saved); a restart "
+                    "resumes from the start (no complete checkpoint)"], said
+    assert _rank_lines(logs) == ["rank 0 resumes from step none with []",
+                                 "rank 1 resumes from step none with []"]
+    assert not (logs / "checkpoints").exists() or not list((logs / "checkpoints").rglob("*.ckpt"))
+
+
+def test_a_sliced_layout_has_no_replica_and_is_not_asked(weird_tmp: Path) -> None:
+    result, logs = _launch(weird_tmp, "--parallel", "semi", "--mp", "2", PLAIN, "--at", "3",
+                           restarts=False)
+    assert result.returncode == 3, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "last words" in line]
+    assert said == ["npu-launch: no last words: the layout is sliced (model or pipeline "
+                    "parallel), no rank holds another's state; a restart resumes from the start "
+                    "(no complete checkpoint)"], said
+    assert not (logs / "last_words_request").exists()
