@@ -85,19 +85,21 @@ def _remove_stale_temps(directory: Path, stem: str) -> None:
 # Saving and loading one rank ---------------------------------------------------------------------
 
 def save_rank(ckpt_dir: PathLike, step: int, rank: int, params: Sequence[Any],
-              position: DataPosition, extras: Optional[Mapping[str, Union[int, float]]] = None
-              ) -> RankFile:
+              position: DataPosition, extras: Optional[Mapping[str, Union[int, float]]] = None,
+              values: Optional[Mapping[str, Any]] = None) -> RankFile:
     """Write rank ``rank``'s checkpoint of ``step`` atomically, then its sidecar; return its entry.
 
-    ``params`` are MindSpore ``Parameter`` objects (network and optimizer state); ``extras`` are
-    scalars stored beside them under ``npu_launch.<name>`` (with the data position).
+    ``params`` are MindSpore ``Parameter`` objects (network and optimizer state); ``values``
+    (name -> tensor) replace some of them by values copied earlier; ``extras`` are scalars
+    stored beside them under ``npu_launch.<name>`` (with the data position).
     """
     import mindspore as ms
 
     path = rank_checkpoint_path(ckpt_dir, step, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path.parent, path.stem)
-    entries = [{"name": p.name, "data": p} for p in params]
+    values = values or {}
+    entries = [{"name": p.name, "data": values.get(p.name, p)} for p in params]
     append = _extras_dict(position, extras or {})
     atomic_save(path, lambda tmp: ms.save_checkpoint(entries, str(tmp), append_dict=append))
     entry = RankFile(rank, path.name, path.stat().st_size, sha256_file(path), position)

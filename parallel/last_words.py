@@ -45,13 +45,16 @@ class Progress:
 
     ``begun`` is the step being run (``done + 1`` inside the optimizer step's call, ``done``
     between steps); ``position`` is the data position after step ``done``; ``at`` when this
-    was last replaced (``time.monotonic``); ``longest`` the longest recent step, in seconds."""
+    was last replaced (``time.monotonic``); ``longest`` the longest recent step, in seconds;
+    ``held`` what the trainer copied of the state at the end of step ``done`` (what the next
+    step may change before its all-reduce: BatchNorm statistics, the optimizer's step count)."""
 
     begun: int
     done: int
     position: DataPosition
     at: float
     longest: float = 0.0
+    held: Any = None
 
     @classmethod
     def start(cls, position: DataPosition) -> "Progress":
@@ -62,12 +65,13 @@ class Progress:
         """The main thread enters the call that updates the parameters."""
         return dataclasses.replace(self, begun=self.done + 1, at=time.monotonic())
 
-    def complete(self, position: DataPosition, took: Optional[float]) -> "Progress":
+    def complete(self, position: DataPosition, took: Optional[float],
+                 held: Any = None) -> "Progress":
         """That call returned: ``position`` is the state's now; ``took`` the step's seconds
         (None for a step that compiled)."""
         longest = self.longest if took is None else max(took, self.longest * 0.9)
         return Progress(position.global_step, position.global_step, position, time.monotonic(),
-                        longest)
+                        longest, held)
 
     def quiet_needed(self) -> float:
         return max(SETTLE, QUIET_STEPS * self.longest)
@@ -76,9 +80,10 @@ class Progress:
 class Saver(Protocol):
     """How the rank's state is written (the trainer's): ``save`` writes this rank's checkpoint
     of ``step`` at ``position`` with the parameters, optimizer state and loss scale as they are
-    now; ``publish`` reports it (the state was consistent); ``discard`` removes it (it was not)."""
+    now, but for what it ``held`` of them at the step's end (``Progress.held``); ``publish``
+    reports it (the state was consistent); ``discard`` removes it (it was not)."""
 
-    def save(self, step: int, position: DataPosition) -> Any: ...
+    def save(self, step: int, position: DataPosition, held: Any) -> Any: ...
 
     def publish(self, saved: Any) -> None: ...
 
@@ -106,7 +111,7 @@ def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
         if quiet_for >= seen.quiet_needed():
             if seen.done < 1:
                 return Answer(why="no step completed yet")
-            saved = saver.save(seen.done, seen.position)
+            saved = saver.save(seen.done, seen.position, seen.held)
             if progress() is seen:
                 saver.publish(saved)
                 return Answer(step=seen.done)

@@ -109,6 +109,7 @@ class Trainer(CheckpointSteps):
         self._gather: Optional[RowGather] = None
         self._replicas_checked = False
         self._save_lock = threading.Lock()
+        self._listening = False
         self._progress = last_words.Progress.start(self.position)
         if self.options.resume is ResumeMode.AUTO:
             self._resume()
@@ -155,6 +156,7 @@ class Trainer(CheckpointSteps):
             callback.on_fit_start(self)
         self._progress = last_words.Progress.start(self.position)
         listener = self._last_words_listener()
+        self._listening = listener is not None
         try:
             with preemption.deferred_sigterm(self._stop_file):
                 self._train(run, epochs, max_steps)
@@ -230,7 +232,8 @@ class Trainer(CheckpointSteps):
             loss, finite = self._apply(ms.Tensor(1.0 / window, ms.float32))
         self._advance(consumed)
         took = time.monotonic() - began if run.steps_run else None  # the first compiled
-        self._progress = self._progress.complete(self.position, took)
+        held = self._hold() if self._listening else None
+        self._progress = self._progress.complete(self.position, took, held)
         run.last_loss = loss
         run.epoch_losses.append(loss)
         run.pending_finite.append(finite)

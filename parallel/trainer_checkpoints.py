@@ -43,6 +43,7 @@ class CheckpointSteps:
     _gather: Optional[RowGather]
     _replicas_checked: bool
     _save_lock: threading.Lock
+    _volatile: Optional[list[Any]] = None
 
     def _resume(self) -> None:
         ckpt_dir = self._ckpt_dir()
@@ -132,6 +133,19 @@ class CheckpointSteps:
         params.update((p.name, p) for p in self.optimizer.get_parameters())
         return list(params.values())
 
+    def _hold(self) -> "Held":
+        """Copies, at a step's end, of what the next step may change before it reaches its
+        all-reduce, where a blocked replica stops: what nothing there waits for (BatchNorm's
+        moving statistics, written by the forward pass; the optimizer's step count, which does
+        not depend on the gradients; the loss scale). Parameters and their optimizer moments
+        depend on the all-reduced gradients: they are read as they are when last words are
+        saved."""
+        if self._volatile is None:
+            trainable = {p.name for p in self.network.trainable_params()}
+            self._volatile = [p for p in self._state_params() if p.name not in trainable
+                              and p.name.partition(".")[2] not in trainable]
+        return Held({p.name: p.asnumpy().copy() for p in self._volatile}, self._extras())
+
     def _extras(self) -> dict[str, float]:
         scale, counter = amp.scaler_state(self.scaler)
         return {"loss_scale": scale, "loss_scale_counter": counter}
@@ -185,6 +199,14 @@ def _row_digest(row: np.ndarray) -> bytes:
 
 
 @dataclasses.dataclass(frozen=True)
+class Held:
+    """What :meth:`CheckpointSteps._hold` copied at the end of a step."""
+
+    values: dict[str, np.ndarray]
+    extras: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
 class LastWordsSaver:
     """The trainer's :class:`parallel.last_words.Saver`: what a periodic checkpoint of the step
     holds, written from the last-words thread while the main thread is blocked. A step this
@@ -192,15 +214,19 @@ class LastWordsSaver:
 
     trainer: CheckpointSteps
 
-    def save(self, step: int, position: DataPosition) -> tuple[RankFile, bool]:
+    def save(self, step: int, position: DataPosition, held: Optional[Held]
+             ) -> tuple[RankFile, bool]:
         trainer, ckpt_dir = self.trainer, self.trainer._ckpt_dir()
+        if held is None:
+            raise checkpoint.CheckpointError(f"nothing was held of step {step}")
         with trainer._save_lock:
             if step in trainer._saved_steps:
                 entry = checkpoint.read_rank_entry(ckpt_dir, step, trainer.rank)
                 if entry is not None and entry.position == position:
                     return entry, False
+            values = {name: ms.Tensor(value) for name, value in held.values.items()}
             entry = checkpoint.save_rank(ckpt_dir, step, trainer.rank, trainer._state_params(),
-                                         position, trainer._extras())
+                                         position, held.extras, values)
         return entry, True
 
     def publish(self, saved: tuple[RankFile, bool]) -> None:

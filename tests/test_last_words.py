@@ -29,7 +29,7 @@ class Recorder:
         self.holder, self.moves = holder, moves
         self.calls: list[tuple[str, Any]] = []
 
-    def save(self, step: int, position: DataPosition) -> int:
+    def save(self, step: int, position: DataPosition, held: Any) -> int:
         self.calls.append(("save", step))
         if self.moves:
             self.moves -= 1

@@ -72,8 +72,9 @@ def test_killed_rank_restarts_and_resumes_to_the_same_parameters(weird_tmp: Path
     assert "restart 1 of 1 in 1 s after: job resume-job failed: rank 1" in second.stderr
     assert "killed by SIGKILL" in second.stderr
     rank_logs = [(resumed / "logs" / f"rank_{rank}.log").read_text() for rank in (0, 1)]
-    assert all(f"resumed from step {steps_per_epoch});" in log for log in rank_logs), \
-        "both ranks resume from epoch 1's checkpoint, not from scratch"
+    assert all(f"resumed from step {kill_at});" in log for log in rank_logs), \
+        "both ranks resume from rank 0's last words of the step rank 1 died after, not from " \
+        "epoch 1's checkpoint nor from scratch"
     for rank in (0, 1):
         a = np.load(straight / "params" / f"rank{rank}.npz")
         b = np.load(resumed / "params" / f"rank{rank}.npz")

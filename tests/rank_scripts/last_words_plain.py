@@ -34,7 +34,7 @@ if os.environ.get(contract.RESTART, "0") != "0":
 
 
 class FileSaver:
-    def save(self, step: int, position: DataPosition) -> Path:
+    def save(self, step: int, position: DataPosition, held: object) -> Path:
         path = ckpt / f"step_{step}" / f"rank_{rank}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, f"rank {rank}'s state after step {step}\n".encode())

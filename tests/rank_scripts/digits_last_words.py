@@ -1,0 +1,53 @@
+"""scripts/train_digits.py for the last-words tests (issue 24 part 1).
+
+--ckpt-every-steps N: a periodic checkpoint every N steps too (what last words are compared with).
+--kill-at-step N: in the first attempt, rank 1 SIGKILLs itself after step N.
+--hang-at-step N: in the first attempt, rank 1 stops after step N (sleeps: a hung rank).
+"""
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import train_digits  # noqa: E402
+
+from parallel import contract  # noqa: E402
+from parallel.trainer import Callback  # noqa: E402
+
+
+class EverySteps(Callback):
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_fit_start(self, trainer):  # type: ignore[no-untyped-def]
+        trainer.options = dataclasses.replace(trainer.options, ckpt_every_steps=self.steps)
+
+
+class FaultAtStep(Callback):
+    def __init__(self, step: int, hang: bool) -> None:
+        self.step, self.hang = step, hang
+
+    def on_step_end(self, info):  # type: ignore[no-untyped-def]
+        if info.global_step == self.step:
+            if self.hang:
+                time.sleep(3600)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--ckpt-every-steps", type=int, default=0)
+parser.add_argument("--kill-at-step", type=int, default=-1)
+parser.add_argument("--hang-at-step", type=int, default=-1)
+ours, rest = parser.parse_known_args()
+rank = int(os.environ[contract.RANK_ID])
+first_attempt = os.environ.get(contract.RESTART, "0") == "0"
+callbacks: list[Callback] = [EverySteps(ours.ckpt_every_steps)] if ours.ckpt_every_steps else []
+if rank == 1 and first_attempt and max(ours.kill_at_step, ours.hang_at_step) >= 0:
+    hang = ours.hang_at_step >= 0
+    callbacks.append(FaultAtStep(ours.hang_at_step if hang else ours.kill_at_step, hang))
+train_digits.main(rest, callbacks)

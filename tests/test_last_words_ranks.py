@@ -1,0 +1,73 @@
+"""Last words with real MindSpore ranks (issue 24 part 1): what only they prove. The healthy
+replica's save of the last completed step, made by a thread while the main thread is blocked
+in the step's all-reduce, is byte for byte the periodic checkpoint of that step; and a crash or
+a hang at step 33 (mid-epoch) resumes from step 33 to the uninterrupted job's parameters.
+The main digits job, 3 epochs of 22 steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
+
+pytestmark = pytest.mark.mindspore
+SCRIPT = str(RANK_SCRIPTS / "digits_last_words.py")
+AT = 33  # mid-epoch 2: no periodic checkpoint of it (every 5 epochs, and at the end)
+COMMON = ("--device", "cpu", "--cards", "2", "--console", "none")
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted job, with a periodic checkpoint of step ``AT`` to compare with."""
+    root = tmp_path_factory.mktemp("straight")
+    done = run_launcher(*COMMON, "--log-dir", str(root / "logs"), SCRIPT, "--epochs", "3",
+                        "--ckpt-every-steps", str(AT), "--save-params", str(root / "params"),
+                        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+def _faulty(root: Path, job: str, fault: tuple[str, str], *options: str) -> str:
+    """The job with ``fault`` (the script's option and step), ``options`` to npu-launch."""
+    done = run_launcher(*COMMON, "--max-restarts", "1", "--restart-backoff", "0", "--job-id", job,
+                        "--log-dir", str(root / "logs"), *options, SCRIPT, *fault,
+                        "--epochs", "3", "--save-params", str(root / "params"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_no_job_processes(job)
+    return done.stderr
+
+
+def _assert_resumed_to_the_same_parameters(straight: Path, root: Path) -> None:
+    for rank in (0, 1):
+        log = (root / "logs" / f"rank_{rank}.log").read_text()
+        assert f"resumed from step {AT});" in log, log[-2000:]
+        a = np.load(straight / "params" / f"rank{rank}.npz")
+        b = np.load(root / "params" / f"rank{rank}.npz")
+        assert set(a.files) == set(b.files)
+        differ = [k for k in a.files if not np.array_equal(a[k], b[k])]
+        assert not differ, f"rank {rank}: resumed parameters differ: {differ}"
+
+
+def test_a_crash_leaves_the_periodic_checkpoint_of_the_last_step_bit_for_bit(
+        straight: Path, weird_tmp: Path) -> None:
+    err = _faulty(weird_tmp, "lw-crash", ("--kill-at-step", str(AT)))
+    assert f"npu-launch: last words: rank 0 saved step {AT} for every rank" in err, err[-3000:]
+    saved = weird_tmp / "logs" / "checkpoints" / f"step_{AT}" / "rank_0.ckpt"
+    periodic = straight / "logs" / "checkpoints" / f"step_{AT}" / "rank_0.ckpt"
+    assert saved.read_bytes() == periodic.read_bytes(), \
+        "last words hold exactly what the periodic checkpoint of the step holds"
+    ledger = json.loads((weird_tmp / "logs" / "checkpoint_ledger" / f"step_{AT}" /
+                         "manifest.json").read_text())
+    assert [f["name"] for f in ledger["files"]] == ["rank_0.ckpt", "rank_0.ckpt"]
+    assert ledger["position"]["global_step"] == AT
+    _assert_resumed_to_the_same_parameters(straight, weird_tmp)
+
+
+def test_a_hang_likewise_resumes_from_the_step_it_hung_after(straight: Path,
+                                                            weird_tmp: Path) -> None:
+    err = _faulty(weird_tmp, "lw-hang", ("--hang-at-step", str(AT)), "--hang-timeout", "5")
+    assert "hang" in err.lower(), err[-3000:]
+    assert f"npu-launch: last words: rank 0 saved step {AT} for every rank" in err, err[-3000:]
+    _assert_resumed_to_the_same_parameters(straight, weird_tmp)
