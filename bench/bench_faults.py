@@ -8,14 +8,17 @@ a periodic checkpoint every 5 epochs) three ways, in one run:
 * uninterrupted;
 * a crash: rank 1 SIGKILLs itself after step ``--at-step`` (``tests/rank_scripts/digits_faults.py
   --kill-at-step``), ``--max-restarts 1``;
+* a hang: rank 1 stops (sleeps) after step ``--at-step`` in the first attempt
+  (``tests/rank_scripts/digits_last_words.py --hang-at-step``), ``--max-restarts 1``, the hang
+  limit npu-launch's default (learnt from the job);
 * a stop: SIGTERM to npu-launch once rank 0 reported step ``--at-step``, then the same command
   again (how a preempted job goes on).
 
 For each: the job's wall time (both launches for the stop) and its ratio to the uninterrupted
 one, the steps redone (the fault's step less the step the next attempt resumed from), and the
 seconds from the fault to the next attempt's first step, split where npu-launch's own files
-say (the fault's end, the next attempt's start, its ranks' first step). A hang is not measured
-here yet (the main job has no hang to inject), nor the last-words checkpoint (not built).
+say (the fault to the attempt's end, which holds the last-words save, then the backoff, then
+the next attempt's start to its ranks' first step, split by rank 0's start-up marks).
 
 Do not run other work meanwhile: 2 cores, every figure is a wall time.
 """
@@ -36,6 +39,8 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 MAIN = REPO / "scripts" / "train_digits.py"
 FAULTS = REPO / "tests" / "rank_scripts" / "digits_faults.py"
+HANGS = REPO / "tests" / "rank_scripts" / "digits_last_words.py"
+SAVED = re.compile(r"last words: rank \d+ saved step (\d+) .*\(([\d.]+) s\)")
 LAUNCH = [sys.executable, "-m", "launcher.cli", "--device", "cpu", "--cards", "2", "--console",
           "none"]
 
@@ -69,15 +74,32 @@ def uninterrupted(tmp: Path) -> dict[str, Any]:
 
 
 def crash(tmp: Path, at_step: int) -> dict[str, Any]:
-    logs = tmp / "crash"
+    fault = [str(FAULTS), "--kill-at-step", str(at_step)]
+    return restarted(tmp / "crash", at_step, fault, lambda logs: next(
+        (r["time"] for r in records(logs) if r.get("event") == "exited" and r.get("rank") == 1
+         and r.get("returncode") == -signal.SIGKILL), None))
+
+
+def hang(tmp: Path, at_step: int) -> dict[str, Any]:
+    fault = [str(HANGS), "--hang-at-step", str(at_step)]
+    return restarted(tmp / "hang", at_step, fault, lambda logs: next(
+        (r["time"] for r in records(logs) if r.get("event") == "step" and r.get("rank") == 1
+         and r.get("step") == at_step), None))
+
+
+def restarted(logs: Path, at_step: int, fault: list[str], fault_time: Any) -> dict[str, Any]:
+    """The job with ``fault`` and one restart; ``fault_time(logs)`` says when the fault was."""
     started = time.monotonic()
     done = subprocess.run([*LAUNCH, "--max-restarts", "1", "--restart-backoff", "1",
-                           "--log-dir", str(logs), str(FAULTS), "--kill-at-step", str(at_step)],
-                          capture_output=True, text=True, cwd=REPO)
+                           "--log-dir", str(logs), *fault], capture_output=True, text=True,
+                          cwd=REPO)
     wall = time.monotonic() - started
     summary = json.loads((logs / "summary.json").read_text())
     attempts = summary.get("attempts") or []
     result: dict[str, Any] = {"wall_s": wall, "exit": done.returncode, "attempts": len(attempts)}
+    said = SAVED.search(done.stderr)
+    result["last_words"] = f"step {said.group(1)} in {said.group(2)} s" if said else \
+        next((line for line in done.stderr.splitlines() if "no last words" in line), None)
     if len(attempts) >= 2:
         failed, again = attempts[-2], attempts[-1]
         resumed = again.get("resumed_from") or 0
@@ -87,14 +109,28 @@ def crash(tmp: Path, at_step: int) -> dict[str, Any]:
             "fault_to_attempt_end_s": None,
             "attempt_end_to_next_start_s": again["started_at"] - failed["ended_at"],
             "next_start_to_first_step_s": (first["time"] - again["started_at"]) if first else None,
+            "next_start_phases_s": phases(logs, again["started_at"]),
         })
-        fault = next((r["time"] for r in records(logs) if r.get("event") == "exited"
-                      and r.get("rank") == 1 and r.get("returncode") == -signal.SIGKILL), None)
+        fault = fault_time(logs)
         if fault is not None:
             result["fault_to_attempt_end_s"] = failed["ended_at"] - fault
             if first:
                 result["fault_to_next_first_step_s"] = first["time"] - fault
     return result
+
+
+def phases(logs: Path, since: float) -> dict[str, float]:
+    """Rank 0's start-up marks after ``since`` (the next attempt's start), as seconds from it:
+    where the time to its first step goes."""
+    marks = {"started": "process", "framework": "imports", "init-started": "init() called",
+             "initialised": "init() done", "first-step": "first step"}
+    seen: dict[str, float] = {}
+    for r in records(logs):
+        kind = r.get("event")
+        if kind in marks and r.get("rank") == 0 and (r.get("time") or 0.0) >= since \
+                and marks[kind] not in seen:
+            seen[marks[kind]] = round(r["time"] - since, 2)
+    return seen
 
 
 def stop(tmp: Path, at_step: int) -> dict[str, Any]:
@@ -126,11 +162,13 @@ def main() -> None:
     parser.add_argument("--at-step", type=int, default=50)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "faults.json")
     args = parser.parse_args()
-    rows: dict[str, list[dict[str, Any]]] = {"uninterrupted": [], "crash": [], "stop": []}
+    rows: dict[str, list[dict[str, Any]]] = {"uninterrupted": [], "crash": [], "hang": [],
+                                             "stop": []}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
             rows["uninterrupted"].append(uninterrupted(Path(tmp)))
             rows["crash"].append(crash(Path(tmp), args.at_step))
+            rows["hang"].append(hang(Path(tmp), args.at_step))
             rows["stop"].append(stop(Path(tmp), args.at_step))
     base = statistics.median(r["wall_s"] for r in rows["uninterrupted"])
     for kind, runs in rows.items():
