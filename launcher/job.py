@@ -15,7 +15,6 @@ import ipaddress
 import os
 import secrets
 import socket
-import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher import limits
@@ -36,6 +35,7 @@ from launcher.errors import ConfigError, LaunchError
 from launcher.observe.joblock import check_log_dir
 from launcher.plan import pods, ports
 from launcher.plan.host_binding import bind_node
+from launcher.plan.job_id import batch_job_id, new_job_id
 from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
 from launcher.plan.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
 from parallel import contract
@@ -363,7 +363,8 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json()}
-    job_id = same_as.job_id if same_as else config.job_id or new_job_id()
+    job_id = same_as.job_id if same_as else config.job_id \
+        or batch_job_id(environ, config.script, config.script_args) or new_job_id()
     log_dir = same_as.log_dir if same_as else \
         os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None
@@ -406,11 +407,6 @@ def _master_port(config: LaunchConfig, master_addr: str, check: bool) -> int:
     if check:
         ports.require_free(master_addr, config.master_port)
     return config.master_port
-
-
-def new_job_id() -> str:
-    """Sortable and unique enough across one cluster: ``20261130-101500-3fa2``."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def boot_dir() -> str:

@@ -82,7 +82,8 @@ def cli() -> None:
               "[default: 127.0.0.1; with a hostfile, the first host].")
 @click.option("--master-port", type=int, help="Scheduler port [default: a free port].")
 @click.option("--log-dir", type=str, help="Logs go here [default: ./npu_launch_logs/<job id>].")
-@click.option("--job-id", type=str, help="Name of this job [default: time and a random tag].")
+@click.option("--job-id", type=str, help="Name of this job [default: time and a random tag; in a "
+              "Slurm batch script slurm-<SLURM_JOB_ID>-<command digits>, found again on requeue].")
 @click.option("--console", "console_ranks", default="all", show_default=True,
               help="Ranks whose lines the console shows: all, none, or e.g. 0,3.")
 @click.option("--runtime-logs", is_flag=True,
