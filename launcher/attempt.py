@@ -10,16 +10,16 @@ import os
 import time
 from typing import Mapping, Optional, Sequence
 
-from launcher.checkpoints import CheckpointLedger
-from launcher.failures import JobResult, Outcome, stall_cause
-from launcher.frameworks import FrameworkNote
-from launcher.monitor import JobMonitor
-from launcher.plan import LaunchPlan
-from launcher.restarts import (
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.config.frameworks import FrameworkNote
+from launcher.hangs.stack_samples import StackSample, native_path
+from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
+from launcher.observe.monitor import JobMonitor
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.run.failures import JobResult, Outcome, stall_cause
+from launcher.run.restarts import (
     FailurePoint,
 )
-from launcher.stack_samples import StackSample, native_path
-from launcher.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from parallel import contract
 from parallel.contract import Event
 

@@ -15,28 +15,29 @@ import ipaddress
 import os
 import secrets
 import socket
-import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher import limits, pods, ports
-from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
-from launcher.backends.mpi import MpiBackend
-from launcher.backends.slurm import SlurmBackend
-from launcher.backends.ssh import SshBackend
-from launcher.backends.ssh_mux import SshMasters
-from launcher.binding import bind_node
-from launcher.card_checks import check_here, judge_at_start
-from launcher.collect import launcher_node
-from launcher.config import LaunchConfig, check_environment
-from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
-from launcher.envfile import forwarded_env
+from launcher import limits
+from launcher.cluster.backends import Backend, LauncherKind, TransportOptions, choose_kind
+from launcher.cluster.backends.mpi import MpiBackend
+from launcher.cluster.backends.slurm import SlurmBackend
+from launcher.cluster.backends.ssh import SshBackend
+from launcher.cluster.backends.ssh_mux import SshMasters
+from launcher.cluster.card_checks import check_here, judge_at_start
+from launcher.cluster.collect import launcher_node
+from launcher.cluster.preflight import HostCheck, launch_files, render, run_preflight
+from launcher.cluster.workdir_sync import LaunchDir, sync_stale_hosts
+from launcher.config.devices import Card, DeviceKind, find_cards, resolve_kind
+from launcher.config.envfile import forwarded_env
+from launcher.config.hostfile import HostSelection, read_hostfile, select_hosts
+from launcher.config.launch_config import LaunchConfig, check_environment
 from launcher.errors import ConfigError, LaunchError
-from launcher.hostfile import HostSelection, read_hostfile, select_hosts
-from launcher.joblock import check_log_dir
-from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
-from launcher.preflight import HostCheck, launch_files, render, run_preflight
-from launcher.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
-from launcher.workdir_sync import LaunchDir, sync_stale_hosts
+from launcher.observe.joblock import check_log_dir
+from launcher.plan import pods, ports
+from launcher.plan.host_binding import bind_node
+from launcher.plan.job_id import batch_job_id, new_job_id
+from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
+from launcher.plan.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
 from parallel import contract
 from rank_tables.table import RankTable
 
@@ -53,7 +54,7 @@ class Job:
     before_start: Optional[Callable[[], None]] = None
     """Done once every check passed, before anything starts (``--sync-workdir``'s copy)."""
     pod: Optional[pods.Pod] = None
-    """The operator's Kubernetes pod this node's share runs in (``launcher.pods``)."""
+    """The operator's Kubernetes pod this node's share runs in (``launcher.plan.pods``)."""
     without: Optional[Callable[[str], "Job"]] = None
     """``--min-nodes``: this job without one of its hosts (its ranks renumbered, the same job
     id, log directory and secret); ``ConfigError`` when the layout no longer fits."""
@@ -147,7 +148,7 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
 
 def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, notes: TextIO,
              err: TextIO) -> Job:
-    """This pod's share of the job its operator placed (``launcher.pods``), as by hand; the
+    """This pod's share of the job its operator placed (``launcher.plan.pods``), as by hand; the
     scheduler's port is checked only where it runs, and the ranks wait for the operator's
     rank table (``before_start``)."""
     pod = pods.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
@@ -362,7 +363,8 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json()}
-    job_id = same_as.job_id if same_as else config.job_id or new_job_id()
+    job_id = same_as.job_id if same_as else config.job_id \
+        or batch_job_id(environ, config.script, config.script_args) or new_job_id()
     log_dir = same_as.log_dir if same_as else \
         os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None
@@ -405,11 +407,6 @@ def _master_port(config: LaunchConfig, master_addr: str, check: bool) -> int:
     if check:
         ports.require_free(master_addr, config.master_port)
     return config.master_port
-
-
-def new_job_id() -> str:
-    """Sortable and unique enough across one cluster: ``20261130-101500-3fa2``."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def boot_dir() -> str:

@@ -1,8 +1,8 @@
 """``npu-launch SCRIPT``: the short story of a job. ``launcher.job.make_job`` turns the checked
 config into a plan (or ``--dry-run`` prints it); the job runs, one ``launcher.attempt.Attempt``
-per try, restarted as ``launcher.restarts`` decides; ``summary.json`` is written last.
+per try, restarted as ``launcher.run.restarts`` decides; ``summary.json`` is written last.
 
-One node: the watch loop (``launcher.watch``) runs the plan's ranks here
+One node: the watch loop (``launcher.run.watch``) runs the plan's ranks here
 (``supervisor.run_local``). Several nodes: a backend (ssh, Slurm, OpenMPI) names the hosts,
 preflight checks them, and the same loop runs one node agent per host (``cluster.run_agents``).
 By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun. Either way
@@ -17,30 +17,31 @@ import signal
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
-from launcher import last_words
-from launcher.agent import payload_for
 from launcher.attempt import Attempt, Attempts
-from launcher.backends.ssh_mux import SshMasters
-from launcher.card_checks import recheck_before_restart
-from launcher.checkpoints import CheckpointLedger, MissingCheckpoint, ResumePoint, place_for_resume
-from launcher.cluster import run_agents
-from launcher.collect import mark_storage
-from launcher.config import LaunchConfig
+from launcher.checkpoints.ledger import CheckpointLedger, MissingCheckpoint, ResumePoint, place_for_resume
+from launcher.cluster.agent import payload_for
+from launcher.cluster.backends.ssh_mux import SshMasters
+from launcher.cluster.card_checks import recheck_before_restart
+from launcher.cluster.collect import mark_storage
+from launcher.cluster.node_agents import run_agents
+from launcher.cluster.payload import serving
+from launcher.config.frameworks import FrameworkNote, mindspore_only
+from launcher.config.launch_config import LaunchConfig
 from launcher.console_lines import RankLines
 from launcher.errors import ConfigError
-from launcher.events import prepare_dirs
-from launcher.failures import Cause, JobResult, Outcome
-from launcher.frameworks import FrameworkNote, mindspore_only
-from launcher.hang_limits import Learnt, Limits
+from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.stalls import HangCheck
 from launcher.job import Job, make_job
-from launcher.joblock import LogDirLock
-from launcher.last_words import LastWordsRequest
-from launcher.monitor import JobMonitor
-from launcher.output import Console
-from launcher.payload import serving
-from launcher.plan import LaunchPlan
-from launcher.rank_table_mode import GENERATED_NAME
-from launcher.restarts import (
+from launcher.observe.joblock import LogDirLock
+from launcher.observe.monitor import JobMonitor
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.rank_table_mode import GENERATED_NAME
+from launcher.run import last_words
+from launcher.run.events import prepare_dirs
+from launcher.run.failures import Cause, JobResult, Outcome
+from launcher.run.last_words import LastWordsRequest
+from launcher.run.output import Console
+from launcher.run.restarts import (
     BLAMED_IN_A_ROW,
     AttemptRecord,
     FailurePoint,
@@ -51,9 +52,8 @@ from launcher.restarts import (
     shrink_problem,
     stop_restarting,
 )
-from launcher.stalls import HangCheck
-from launcher.supervisor import print_message, run_local
-from launcher.watch import wait_unless_signalled
+from launcher.run.supervisor import print_message, run_local
+from launcher.run.watch import wait_unless_signalled
 from parallel import contract
 from parallel.contract import BadInput
 from parallel.manifest import atomic_write_bytes
@@ -62,7 +62,7 @@ from parallel.manifest import atomic_write_bytes
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code. One ssh
     handshake per host: preflight's control masters carry the agents too, and end with the
-    launch however it ends (``launcher.backends.ssh_mux``)."""
+    launch however it ends (``launcher.cluster.backends.ssh_mux``)."""
     with SshMasters() as masters:
         job = make_job(config, environ, err, masters)
         if config.dry_run:
@@ -116,7 +116,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                       console: Console, attempts: "Attempts", err: TextIO) -> JobResult:
     """Run the job; after a failure or a hang that came once every rank had started (not an
     import error or a bad argument, which would fail again), start it anew, up to
-    ``--max-restarts`` times in all, waiting the backoff first (``launcher.restarts``). The
+    ``--max-restarts`` times in all, waiting the backoff first (``launcher.run.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
     a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
@@ -152,7 +152,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                   f"{f' in {waited:g} s' if waited else ''} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
         bad = recheck_before_restart(plan, job.backend, blamed[-1], config.card_free_timeout,
-                                     environ, err)  # launcher.card_checks
+                                     environ, err)  # launcher.cluster.card_checks
         job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
                                        policy, attempts, err, bad.why if bad else None)
         if bad is not None and gone is None:
@@ -181,7 +181,7 @@ def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
     (None: every host stays). A host leaves when ``restarts.host_to_leave_out`` names it and
     the job can go on without it: the layout still fits and the global batch splits over the
     ranks left; else the attempt runs on every host again, and one line says why. ``why``:
-    the reason to tell instead of the failures (a bad card, ``launcher.card_checks``)."""
+    the reason to tell instead of the failures (a bad card, ``launcher.cluster.card_checks``)."""
     plan, ledger = job.plan, attempts.ledger
     resume = ledger.resume_point()
     host = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)

@@ -20,12 +20,13 @@ import click
 import pytest
 from helpers import assert_one_line_error, npu_launch_argv, run_launcher
 
-from launcher import limits, msrun_compat
-from launcher.cli import msrun_config, run_option_arity
+from launcher import limits
+from launcher.cli.main import msrun_config, run_option_arity
+from launcher.cluster.workdir_sync import LaunchDir
+from launcher.config import msrun_compat
 from launcher.errors import LaunchError
-from launcher.failures import last_lines_block
 from launcher.job import make_job
-from launcher.workdir_sync import LaunchDir
+from launcher.run.failures import last_lines_block
 
 MARKER = "import os\nopen('ran-' + str(os.getpid()), 'w').close()\n"
 CPU = ("--device", "cpu")

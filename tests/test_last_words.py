@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
-from launcher.checkpoints import CheckpointLedger
+from launcher.checkpoints.ledger import CheckpointLedger
 from parallel import last_words
 from parallel.contract import Event
 from parallel.last_words import Answer, Progress, Request

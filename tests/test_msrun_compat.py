@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
 
-from launcher import cli, msrun_compat
-from launcher.config import LaunchConfig
+from launcher.cli import main as cli
+from launcher.config import msrun_compat
+from launcher.config.launch_config import LaunchConfig
 
 JOB = str(RANK_SCRIPTS / "ms_job.py")
 

@@ -25,8 +25,9 @@ import pytest
 from helpers import GOLDEN, RANK_SCRIPTS, TESTS, checksums, npu_launch_argv
 from helpers import assert_golden as golden
 
-from launcher import cli, msrun_compat
-from launcher.config import LaunchConfig
+from launcher.cli import main as cli
+from launcher.config import msrun_compat
+from launcher.config.launch_config import LaunchConfig
 from launcher.errors import ConfigError
 
 SAMPLES = TESTS / "fixtures" / "msrun_samples"

@@ -1,4 +1,4 @@
-"""npu-launch in an operator's Kubernetes pod (``launcher/pods.py``): what it detects from each
+"""npu-launch in an operator's Kubernetes pod (``launcher/plan/pods.py``): what it detects from each
 operator's environment (``tests/fixtures/pods``, golden files in ``tests/golden/pods``), the
 environments and options it refuses in one line, and the wait for the operator's rank table.
 
@@ -20,8 +20,8 @@ import pytest
 from helpers import GOLDEN, assert_one_line_error, run_launcher
 from helpers import assert_golden as golden
 
-from launcher import pods
 from launcher.errors import LaunchError
+from launcher.plan import pods
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pods"
 PODS_GOLDEN = GOLDEN / "pods"

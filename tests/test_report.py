@@ -12,8 +12,8 @@ import numpy as np
 from click.testing import CliRunner
 from helpers import exited, feed
 
-from launcher.monitor import JobMonitor
-from launcher.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
+from launcher.observe.monitor import JobMonitor
+from launcher.observe.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
 from parallel import contract
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
 
@@ -179,7 +179,7 @@ def test_bad_log_dirs_are_one_line_errors_exit_2(weird_tmp: Path) -> None:
 
 
 def test_importing_report_does_not_import_matplotlib() -> None:
-    code = "import sys, launcher.report; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    code = "import sys, launcher.observe.report; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -8,7 +8,9 @@ scheduler for ranks that never import MindSpore); "init" is every rank connectin
 step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
 
 --fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
---sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
+--sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
+Slurm batch job's first run with --sleep-in-first-run-only (a job to preempt and requeue: Slurm
+sets SLURM_RESTART_COUNT in the requeued run, and the command line stays the same).
 --hang-rank R --hang-at-step K: rank R sleeps for an hour before step K.
 --steps N: steps; at the end each rank prints `checksum <value>` (equal on every rank).
 --ignore-sigterm R: rank R ignores SIGTERM (only SIGKILL stops it).
@@ -28,6 +30,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
+parser.add_argument("--sleep-in-first-run-only", action="store_true")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-at-step", type=int, default=-1)
@@ -92,7 +95,8 @@ emit("initialised", exec_mode="graph")
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.fail_rank:
     raise ValueError(f"boom on rank {rank}")
-time.sleep(args.sleep_after_init)
+if not (args.sleep_in_first_run_only and os.environ.get("SLURM_RESTART_COUNT")):
+    time.sleep(args.sleep_after_init)
 
 weight = 1.0
 for step in range(args.steps):

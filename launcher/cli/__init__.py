@@ -1,0 +1,3 @@
+"""The commands: ``npu-launch`` and its subcommands (``main``), their grouped help
+(``help_groups``), ``npu-launch rank-table`` (``rank_table``, ``rank_table_cluster``). The one
+place a refusal becomes a message and an exit code."""
