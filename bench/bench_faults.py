@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -43,6 +44,13 @@ HANGS = REPO / "tests" / "rank_scripts" / "digits_last_words.py"
 SAVED = re.compile(r"last words: rank \d+ saved step (\d+) .*\(([\d.]+) s\)")
 LAUNCH = [sys.executable, "-m", "launcher.cli", "--device", "cpu", "--cards", "2", "--console",
           "none"]
+
+
+def children_cpu() -> float:
+    """CPU seconds of every process this one waited for, with theirs (npu-launch reaps its
+    ranks and scheduler): far less bent by other work on the machine than wall time."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def records(logs: Path) -> list[dict[str, Any]]:
@@ -66,11 +74,11 @@ def first_step_after(logs: Path, after: float) -> Optional[dict[str, Any]]:
 
 def uninterrupted(tmp: Path) -> dict[str, Any]:
     logs = tmp / "plain"
-    started = time.monotonic()
+    started, cpu = time.monotonic(), children_cpu()
     done = subprocess.run([*LAUNCH, "--log-dir", str(logs), str(MAIN)], capture_output=True,
                           text=True, cwd=REPO)
-    return {"wall_s": time.monotonic() - started, "exit": done.returncode,
-            "steps": last_step(logs)}
+    return {"wall_s": time.monotonic() - started, "cpu_s": children_cpu() - cpu,
+            "exit": done.returncode, "steps": last_step(logs)}
 
 
 def crash(tmp: Path, at_step: int) -> dict[str, Any]:
@@ -89,14 +97,15 @@ def hang(tmp: Path, at_step: int) -> dict[str, Any]:
 
 def restarted(logs: Path, at_step: int, fault: list[str], fault_time: Any) -> dict[str, Any]:
     """The job with ``fault`` and one restart; ``fault_time(logs)`` says when the fault was."""
-    started = time.monotonic()
+    started, cpu = time.monotonic(), children_cpu()
     done = subprocess.run([*LAUNCH, "--max-restarts", "1", "--restart-backoff", "1",
                            "--log-dir", str(logs), *fault], capture_output=True, text=True,
                           cwd=REPO)
     wall = time.monotonic() - started
     summary = json.loads((logs / "summary.json").read_text())
     attempts = summary.get("attempts") or []
-    result: dict[str, Any] = {"wall_s": wall, "exit": done.returncode, "attempts": len(attempts)}
+    result: dict[str, Any] = {"wall_s": wall, "cpu_s": children_cpu() - cpu,
+                              "exit": done.returncode, "attempts": len(attempts)}
     said = SAVED.search(done.stderr)
     result["last_words"] = f"step {said.group(1)} in {said.group(2)} s" if said else \
         next((line for line in done.stderr.splitlines() if "no last words" in line), None)
@@ -136,7 +145,7 @@ def phases(logs: Path, since: float) -> dict[str, float]:
 def stop(tmp: Path, at_step: int) -> dict[str, Any]:
     logs = tmp / "stop"
     argv = [*LAUNCH, "--log-dir", str(logs), str(MAIN)]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), children_cpu()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             cwd=REPO)
     while last_step(logs) < at_step and proc.poll() is None:
@@ -150,7 +159,8 @@ def stop(tmp: Path, at_step: int) -> dict[str, Any]:
     said = re.search(r"resumed from step (\d+)", (logs / "rank_0.log").read_text())
     resumed = int(said.group(1)) if said else 0  # the trainer resumes by itself: its log says
     first = first_step_after(logs, relaunched)
-    return {"wall_s": first_wall + time.monotonic() - again_started, "exit": again.returncode,
+    return {"wall_s": first_wall + time.monotonic() - again_started,
+            "cpu_s": children_cpu() - cpu, "exit": again.returncode,
             "signal_at_step": at, "resumed_from": resumed, "steps_redone": max(at - resumed, 0),
             "signal_to_exit_s": relaunched - signalled,
             "relaunch_to_first_step_s": (first["time"] - relaunched) if first else None}
@@ -171,9 +181,12 @@ def main() -> None:
             rows["hang"].append(hang(Path(tmp), args.at_step))
             rows["stop"].append(stop(Path(tmp), args.at_step))
     base = statistics.median(r["wall_s"] for r in rows["uninterrupted"])
+    base_cpu = statistics.median(r["cpu_s"] for r in rows["uninterrupted"])
     for kind, runs in rows.items():
         wall = statistics.median(r["wall_s"] for r in runs)
-        print(f"{kind}: median wall {wall:.1f} s ({wall / base:.2f}x uninterrupted)")
+        cpu = statistics.median(r["cpu_s"] for r in runs)
+        print(f"{kind}: median wall {wall:.1f} s ({wall / base:.2f}x uninterrupted), "
+              f"CPU {cpu:.1f} s ({cpu / base_cpu:.2f}x)")
         for r in runs:
             print("   ", json.dumps({k: round(v, 2) if isinstance(v, float) else v
                                      for k, v in r.items()}))
