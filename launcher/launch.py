@@ -14,10 +14,11 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher.attempt import Attempt, Attempts
 from launcher.checkpoints.ledger import CheckpointLedger, ResumePoint
+from launcher.cluster import control
 from launcher.cluster.agent import payload_for
 from launcher.cluster.backends.ssh_mux import SshMasters
 from launcher.cluster.card_checks import recheck_before_restart
@@ -270,7 +271,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         agents = job.backend.agent_launches(plan, payload, served)
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
-        return run_agents(plan, agents, config.console, environ, console, attempt)
+        return run_agents(plan, agents, config.console, environ, console, attempt,
+                          on_stop=lambda send: StopRequest(plan, attempt, err, send))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,11 +280,14 @@ class StopRequest:
     """On a stop signal to a job run here: when every rank's trainer saves on request
     (``saves_on_stop``), the step they all save and stop at goes into the log directory
     (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
-    else they are stopped at once, as before."""
+    else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
+    node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),
+    which writes it into its own host's log directory."""
 
     plan: LaunchPlan
     attempt: "Attempt"
     err: Optional[TextIO] = None
+    send: Optional[Callable[[bytes], None]] = None
 
     def __call__(self, signum: int) -> float:
         step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
@@ -292,7 +297,10 @@ class StopRequest:
         try:
             atomic_write_bytes(path, f"{step}\n".encode())
         except OSError:
-            return 0.0
+            if self.send is None:
+                return 0.0
+        if self.send is not None:
+            self.send(control.save_line(step))
         if self.err is not None:
             self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
                            f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
