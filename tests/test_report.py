@@ -12,8 +12,10 @@ import numpy as np
 from click.testing import CliRunner
 from helpers import exited, feed
 
+from launcher.observe.job_files import summary_from_metrics
+from launcher.observe.metrics_records import read_records
 from launcher.observe.monitor import JobMonitor
-from launcher.observe.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
+from launcher.observe.report import EvalSeries, eval_series, report
 from parallel import contract
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
 

@@ -6,7 +6,8 @@ so. The table gives every rank's execution mode and its last held-out accuracy a
 plot shows loss and samples/s per rank over steps, and the held-out accuracy and loss of every
 evaluation, from the step and eval events in ``metrics.jsonl``.
 
-What the files hold is read by ``launcher.observe.job_files``, which names what it skipped.
+What the files hold is read by ``launcher.observe.job_files`` (``metrics.jsonl``'s records by
+``metrics_records``), which names what it skipped.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 import click
 
 from launcher.errors import LaunchError
-from launcher.observe.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, summary_from_metrics
+from launcher.observe.job_files import JobSummary, RankRow, ReportOptions, read_job
 from launcher.observe.status_display import describe_modes
 from parallel import contract
 from rank_tables.bounded import display_name
 
-__all__ = ["report", "run_report", "read_records", "summary_from_metrics", "step_series",
+__all__ = ["report", "run_report", "step_series",
            "eval_series", "EvalSeries", "Series"]
 
 _MAX_LEGEND_RANKS = 16
