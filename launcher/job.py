@@ -36,7 +36,8 @@ from launcher.errors import ConfigError, LaunchError
 from launcher.observe.joblock import check_log_dir
 from launcher.plan import pods, ports
 from launcher.plan.host_binding import bind_node
-from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node, RankAssignment
+from launcher.plan.planner import PlanInputs, build_plan
 from launcher.plan.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
 from parallel import contract
 from rank_tables.table import RankTable

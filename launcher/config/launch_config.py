@@ -93,7 +93,7 @@ class LaunchConfig:
     are only tracked."""
     compile_cache: bool = True
     """Ranks keep MindSpore's compile cache in the log dir, so a restart does not compile again
-    (``launcher.plan.launch_plan.compile_cache_dir``); off: ``--no-compile-cache``."""
+    (``launcher.plan.planner.compile_cache_dir``); off: ``--no-compile-cache``."""
     hostfile: Optional[str] = None
     include: Optional[str] = None
     exclude: Optional[str] = None
