@@ -18,7 +18,7 @@ from launcher.cli.rank_table import rank_table
 from launcher.cli.run_config import build_config, pointing_at, working_dir
 from launcher.cluster.backends import TransportOptions
 from launcher.cluster.preflight import render, run_preflight
-from launcher.config import msrun_compat
+from launcher.config import msrun_args, msrun_compat
 from launcher.config.devices import DeviceKind
 from launcher.config.hostfile import read_hostfile, select_hosts
 from launcher.config.launch_config import LaunchConfig, fanout_in_force
@@ -209,9 +209,9 @@ cli.add_command(report)
 def msrun_command(argv: tuple[str, ...]) -> int:
     """Run an msrun command line (msrun 2.10's options, as msrun spells them) the npu-launch
     way; see npu-launch msrun --help."""
-    parsed = msrun_compat.parse(argv, run_option_arity())
+    parsed = msrun_args.parse(argv, run_option_arity())
     if parsed.help:
-        click.echo(msrun_compat.HELP, nl=False)
+        click.echo(msrun_args.HELP, nl=False)
         click.echo(f"\nExample:\n  {EXAMPLES['msrun']}")
         return 0
     config, translation = msrun_config(parsed)
@@ -223,7 +223,7 @@ def msrun_command(argv: tuple[str, ...]) -> int:
         return launch(config, os.environ, sys.stdout, sys.stderr)
 
 
-def msrun_config(parsed: msrun_compat.MsrunArgs
+def msrun_config(parsed: msrun_args.MsrunArgs
                  ) -> tuple[LaunchConfig, msrun_compat.Translation]:
     """The ``LaunchConfig`` ``npu-launch run`` builds from the msrun command line's translation."""
     translation = msrun_compat.translate(parsed)
