@@ -31,7 +31,7 @@ from launcher.config.hostfile import HostSelection, read_hostfile, select_hosts
 from launcher.config.launch_config import LaunchConfig, check_environment
 from launcher.errors import ConfigError
 from launcher.observe.joblock import check_log_dir
-from launcher.plan import pods, ports
+from launcher.plan import pod_waits, pods, ports
 from launcher.plan.host_binding import bind_node
 from launcher.plan.launch_plan import LaunchPlan, Node, RankAssignment
 from launcher.plan.planner import PlanInputs, build_plan
@@ -149,7 +149,7 @@ def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, no
     """This pod's share of the job its operator placed (``launcher.plan.pods``), as by hand; the
     scheduler's port is checked only where it runs, and the ranks wait for the operator's
     rank table (``before_start``)."""
-    pod = pods.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
+    pod = pod_waits.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
     if not config.dry_run or config.json:  # a dry run's plan starts with it
         notes.write(f"npu-launch: detected: {pod.describe()}\n")
     if pod.node_rank is None:  # the scheduler's own pod: it needs no cards
@@ -163,7 +163,7 @@ def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, no
     port = _master_port(config, pod.master_addr, check=pod.hosts_scheduler)
     plan = pods.share(_plan(config, environ, nodes, device, pod.master_addr, port, {}), pod)
     plan = dataclasses.replace(plan, master_name=pod.master_name)
-    return Job(plan, None, here, before_start=pods.table_wait(pod, config, err), pod=pod)
+    return Job(plan, None, here, before_start=pod_waits.table_wait(pod, config, err), pod=pod)
 
 
 def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
