@@ -20,7 +20,7 @@ from launcher.errors import LaunchError
 from launcher.limits import MAX_RANK_TABLE_BYTES
 from launcher.observe import startup
 from launcher.observe.job_state import JobState, exec_mode_of
-from launcher.observe.metrics_records import read_records
+from launcher.observe.metrics_records import events_of, read_records
 from launcher.observe.monitor import build_summary
 from launcher.observe.read_values import (
     Fields,
@@ -33,6 +33,7 @@ from launcher.observe.read_values import (
     as_whole,
     shown_value,
 )
+from launcher.observe.summary_records import AttemptEntry, CheckpointRecord
 from parallel.config import ExecMode
 from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 from rank_tables.bounded import UnreadableFile, display_name, parse_json, read_text
@@ -174,19 +175,28 @@ class JobSummary:
     world_size: Optional[int]
     global_samples_per_s: Optional[float]
     last_step: Optional[int]
-    checkpoint_files: int
-    checkpoint_steps: tuple[int, ...]
+    checkpoints: tuple[CheckpointRecord, ...]
     ranks: tuple[RankRow, ...]
     phases: tuple[tuple[str, float, int, float], ...] = ()
     """(phase, the slowest rank's seconds, that rank, the median): ``launcher.observe.startup``."""
     attempts: tuple[AttemptRow, ...] = ()
 
+    @property
+    def checkpoint_files(self) -> int:
+        """How many checkpoint files the ranks reported."""
+        return len(self.checkpoints)
+
+    @property
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """The steps those files are of, in order, each once."""
+        return tuple(sorted({c.step for c in self.checkpoints if c.step is not None}))
+
     @classmethod
     def parse(cls, doc: Mapping[str, Any], file: str, notes: Notes) -> tuple["JobSummary", int]:
         """The summary in ``doc`` and how many of its fields could be read."""
         fields = Fields(doc, file, "", notes)
-        checkpoints = fields.objects("checkpoints")
-        steps = {fields.nested(c, where).get("step", as_whole) for where, c in checkpoints}
+        checkpoints = tuple(CheckpointRecord.parse(fields.nested(c, where))
+                            for where, c in fields.objects("checkpoints"))
         ranks = tuple(RankRow.parse(fields.nested(r, where)) for where, r in fields.objects("ranks"))
         summary = cls(job_id=fields.get("job_id", as_text, "?"), outcome=fields.get("outcome", as_text, "?"),
                       exit_code=fields.get("exit_code", as_whole),
@@ -194,8 +204,8 @@ class JobSummary:
                       started_at=fields.get("started_at", as_moment), ended_at=fields.get("ended_at", as_moment),
                       duration_s=fields.get("duration_s", as_real), world_size=fields.get("world_size", as_whole),
                       global_samples_per_s=fields.get("global_samples_per_s", as_real),
-                      last_step=fields.get("last_step", as_whole), checkpoint_files=len(checkpoints),
-                      checkpoint_steps=tuple(sorted(s for s in steps if s is not None)), ranks=ranks,
+                      last_step=fields.get("last_step", as_whole), checkpoints=checkpoints,
+                      ranks=ranks,
                       phases=_phases(fields.object("phases")),
                       attempts=tuple(AttemptRow.parse(fields.nested(a, where))
                                      for where, a in fields.objects("attempts")))
@@ -215,14 +225,16 @@ def _phases(doc: Optional[Mapping[str, Any]]) -> tuple[tuple[str, float, int, fl
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
+
 # The command -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class JobFiles:
-    """What a log directory held, read: the summary, the records and what could not be read."""
+    """What a log directory held, read: the summary, the ranks' events in metrics.jsonl and
+    what could not be read."""
 
     summary: JobSummary
-    records: tuple[dict[str, Any], ...]
+    events: tuple[Event, ...]
     note: str
     """Why the summary was derived from the records, or ""."""
     skipped: tuple[str, ...]
@@ -235,11 +247,11 @@ def read_job(options: ReportOptions) -> JobFiles:
     records, metrics_problem = _read_metrics(options.metrics_path, notes)
     summary, summary_problem = _read_summary(options.summary_path, notes)
     if summary is not None:
-        return JobFiles(summary, records, "", tuple(notes.lines()))
+        return JobFiles(summary, events_of(records), "", tuple(notes.lines()))
     if records:
         derived, _ = JobSummary.parse(derive_summary(records), METRICS_FILE, notes)
         note = f"{summary_problem}: derived from {METRICS_FILE} (outcome unknown)"
-        return JobFiles(derived, records, note, tuple(notes.lines()))
+        return JobFiles(derived, events_of(records), note, tuple(notes.lines()))
     neither = (summary_problem, metrics_problem) == (f"no {SUMMARY_FILE}", f"no {METRICS_FILE}")
     both = " and " if neither else "; "
     raise ReportError(f"{display_name(options.log_dir)}: {summary_problem}{both}{metrics_problem}: "
@@ -305,9 +317,8 @@ def derive_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     job = next((r for r in records if r.get("event") == EVENT_JOB), {})
     state = JobState({int(k): h for k, h in job.get("ranks", {}).items()})
     times = [r["time"] for r in records if "time" in r]
-    for event in filter(None, map(Event.parse, records)):
+    for event in events_of(records):
         state.apply(event, event.time or 0.0)
-    state.attempts = [{k: v for k, v in r.items() if k not in ("event", "time")}
-                      for r in records if r.get("event") == EVENT_ATTEMPT]
+    state.attempts = [AttemptEntry.from_json(r) for r in records if r.get("event") == EVENT_ATTEMPT]
     return build_summary(job.get("job_id", "?"), state, min(times, default=None),
                          max(times, default=None), "unknown", None)

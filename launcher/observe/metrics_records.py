@@ -6,7 +6,7 @@ in ``Notes``; so is a known field of the wrong type (the rest of its record is k
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO, Iterator, Mapping, Optional
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Optional
 
 from launcher.limits import whole_number
 from launcher.observe.read_values import (
@@ -22,7 +22,7 @@ from launcher.observe.read_values import (
     clean_text,
     shown_value,
 )
-from parallel.contract import METRICS_FILE
+from parallel.contract import METRICS_FILE, Event
 from rank_tables.bounded import JSON_DECODER
 
 MAX_LINE_BYTES = 1 << 20
@@ -113,3 +113,9 @@ def _record(line: Optional[bytes], where: str, notes: Notes) -> Optional[dict[st
         notes.add(METRICS_FILE, where, f"not a JSON object, got {shown_value(record)}")
         return None
     return typed_record(record, where, notes)
+
+
+def events_of(records: Iterable[Mapping[str, Any]]) -> tuple[Event, ...]:
+    """The ranks' events among typed ``records``, each parsed once (``contract.Event``); the
+    launcher's own records (``job``, ``attempt``) name no rank and are left out."""
+    return tuple(filter(None, map(Event.parse, records)))
