@@ -41,6 +41,7 @@ class Notes:
             self._more[file] = self._more.get(file, 0) + 1
 
     def lines(self) -> list[str]:
+        """Every note, each file's named ones and then how many more were skipped there."""
         out = []
         for file, named in self._named.items():
             out += named
@@ -89,6 +90,7 @@ def as_whole(value: Any) -> int:
 
 
 def as_rank(value: Any) -> int:
+    """A rank: a whole number from 0 to below ``MAX_RANK``."""
     number = as_whole(value)
     if not 0 <= number < MAX_RANK:
         raise Unreadable(f"not a rank (0 to {MAX_RANK - 1})")
@@ -145,6 +147,7 @@ def _text_of(value: Any) -> str:
 
 
 def clean_text(value: str, limit: int = _TEXT_CHARS) -> str:
+    """``value`` with control characters escaped and cut to ``limit`` characters, saying so."""
     if len(value) <= limit and value.isprintable():
         return value
     cut = value[:limit]
@@ -167,6 +170,7 @@ class Fields:
     read: int = 0
 
     def get(self, key: str, reader: Reader, default: Any = None) -> Any:
+        """Field ``key`` read by ``reader``; ``default`` when it is absent, null or unreadable."""
         value = self.doc.get(key)
         if value is None:
             return default
@@ -197,6 +201,7 @@ class Fields:
         return found
 
     def object(self, key: str) -> Optional[Mapping[str, Any]]:
+        """The object at ``key``; None when absent, or (noted) not an object."""
         value = self.doc.get(key)
         if value is None or isinstance(value, dict):
             return value
@@ -204,4 +209,5 @@ class Fields:
         return None
 
     def nested(self, doc: Mapping[str, Any], where: str) -> "Fields":
+        """The fields of ``doc``, an object found at JSON path ``where`` in the same file."""
         return Fields(doc, self.file, where + ".", self.notes)
