@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from launcher.hangs.hang_limits import RankProgress
 from launcher.observe.startup import Marks, job_phases
+from launcher.observe.summary_records import AttemptEntry, CheckpointRecord, FilesMoved
 from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, Event
@@ -94,19 +95,19 @@ class JobState:
 
     def __init__(self, ranks: Mapping[int, str]) -> None:
         self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
-        self.checkpoints: list[dict[str, Any]] = []
+        self.checkpoints: list[CheckpointRecord] = []
         self.files: dict[int, dict[int, RankFile]] = {}
         """Each step's checkpoint files by rank, as the ranks described them."""
-        self.transferred: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        self.transferred = FilesMoved()
         """Checkpoint files node 0 sent to hosts that lacked them, for a resume."""
-        self.collected: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        self.collected = FilesMoved()
         """Checkpoint files the agents sent node 0 (``launcher.cluster.collect``)."""
         self.storage: Optional[str] = None
         """``shared`` or ``private``: whether node 0 found every rank's files (the ledger's
         ``storage``)."""
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[AttemptEntry] = []
         """Each attempt of the job as it ended (``restarts.AttemptRecord``), in order."""
-        self.earlier_attempts: list[dict[str, Any]] = []
+        self.earlier_attempts: list[AttemptEntry] = []
         """The attempts of earlier launches into the same log directory (the same command run
         again resumes there): kept ahead of this launch's in summary.json."""
         self.global_batch: Optional[int] = None
@@ -148,10 +149,11 @@ class JobState:
                 "last_step": max(steps, default=None),
                 "phases": job_phases({r["rank"]: r["phases"] for r in ranks}),
                 "ranks": ranks,
-                "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
-                "complete_steps": complete, "checkpoints_sent": dict(self.transferred),
-                "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage,
-                "attempts": self.earlier_attempts + list(self.attempts)}
+                "checkpoints": [dataclasses.replace(c, complete=c.step in complete).to_json()
+                                for c in self.checkpoints],
+                "complete_steps": complete, "checkpoints_sent": self.transferred.to_json(),
+                "checkpoints_collected": self.collected.to_json(), "checkpoint_storage": self.storage,
+                "attempts": [a.to_json() for a in (*self.earlier_attempts, *self.attempts)]}
 
     def complete_steps(self) -> list[int]:
         """Steps complete by the ledger's one rule (``parallel.manifest.complete_files``): every
@@ -174,8 +176,8 @@ def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> N
 
 
 def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    job.checkpoints.append({"rank": state.rank, "step": event.step, "host": event.host,
-                            "path": event.path, "time": state.last_event_time})
+    job.checkpoints.append(CheckpointRecord(state.rank, event.step, event.host, event.path,
+                                            state.last_event_time))
     file = RankFile.reported(state.rank, event.record)
     if file is not None and event.step is not None and file.position.global_step == event.step:
         job.files.setdefault(event.step, {})[state.rank] = file

@@ -42,6 +42,7 @@ from launcher.hangs.stalls import Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
 from launcher.observe.startup import Marks, describe, job_phases
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
+from launcher.observe.summary_records import AttemptEntry
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
 from parallel import contract
@@ -75,8 +76,7 @@ class JobMonitor:
         self._summary: Optional[dict[str, Any]] = None
         os.makedirs(log_dir, exist_ok=True)
         self._state.earlier_attempts = earlier_attempts(log_dir)
-        self._launch = 1 + max((a.get("launch", 0) for a in self._state.earlier_attempts),
-                               default=-1)
+        self._launch = 1 + max((a.launch for a in self._state.earlier_attempts), default=-1)
         # Appended to: a launch into a finished or stopped job's directory continues its history.
         self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "a")
         self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
@@ -124,10 +124,10 @@ class JobMonitor:
     def attempt_ended(self, record: AttemptRecord) -> None:
         """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
         summary.json's ``attempts``."""
-        entry = {**record.to_json(), "launch": self._launch}
+        entry = AttemptEntry.of(record, self._launch)
         with self._lock:
             self._state.attempts.append(entry)
-            self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry})
+            self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry.to_json()})
             if self._metrics is not None:  # a backoff follows: no tick flushes it
                 self._metrics.flush()
                 self._dirty = False
@@ -140,13 +140,13 @@ class JobMonitor:
     def on_transfer(self, size: int, seconds: float) -> None:
         """Node 0 sent ``size`` bytes of checkpoint to a node that lacked them (any thread)."""
         with self._lock:
-            _count(self._state.transferred, size, seconds)
+            self._state.transferred = self._state.transferred.plus(size, seconds)
 
     def on_collected(self, size: int, seconds: float) -> None:
         """An agent sent node 0 a checkpoint file of ``size`` bytes, in place after
         ``seconds`` (any thread)."""
         with self._lock:
-            _count(self._state.collected, size, seconds)
+            self._state.collected = self._state.collected.plus(size, seconds)
 
     def storage_found(self, storage: Optional[str]) -> None:
         """What the ledger found of node 0's view of the ranks' files (``shared``,
@@ -174,7 +174,7 @@ class JobMonitor:
     def checkpoint_note(self) -> Optional[str]:
         """A line for a job that wrote checkpoints but completed none, else None."""
         with self._lock:
-            written = sorted({c["step"] for c in self._state.checkpoints if c["step"] is not None})
+            written = sorted({c.step for c in self._state.checkpoints if c.step is not None})
             if not written or self._state.complete_steps():
                 return None
         shown = ", ".join(map(str, written[-5:]))
@@ -227,13 +227,9 @@ class JobMonitor:
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
 
 
-def _attempt_text(attempt: Mapping[str, Any]) -> str:
-    cause = attempt.get("cause") or {}
-    who = f" (rank {cause['rank']} on {cause.get('host')})" if cause.get("rank") is not None \
-        else (f" ({cause['process']} on {cause.get('host')})" if cause.get("process") else "")
-    left = attempt.get("left_out") or []
-    without = f" without {', '.join(left)}" if left else ""
-    return f"{attempt['outcome']}{who} after {attempt['duration_s']:.1f} s{without}"
+def _attempt_text(attempt: AttemptEntry) -> str:
+    without = f" without {', '.join(attempt.left_out)}" if attempt.left_out else ""
+    return f"{attempt.outcome}{attempt.who} after {attempt.duration_s or 0.0:.1f} s{without}"
 
 
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
@@ -250,13 +246,7 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
 
 
-def _count(moved: dict[str, Any], size: int, seconds: float) -> None:
-    moved["files"] += 1
-    moved["bytes"] += size
-    moved["seconds"] += seconds
-
-
-def earlier_attempts(log_dir: str) -> list[dict[str, Any]]:
+def earlier_attempts(log_dir: str) -> list[AttemptEntry]:
     """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
     ``launch``: 0 for the first); none when there is none or it cannot be read."""
     try:
@@ -266,5 +256,4 @@ def earlier_attempts(log_dir: str) -> list[dict[str, Any]]:
         return []
     if not isinstance(attempts, list):
         return []
-    return [{**a, "launch": a.get("launch", 0) if isinstance(a.get("launch"), int) else 0}
-            for a in attempts if isinstance(a, dict)]
+    return [AttemptEntry.from_json(a) for a in attempts if isinstance(a, dict)]
