@@ -18,7 +18,8 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from launcher.hangs.hang_limits import Learnt, Limits, RankProgress
+from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.contract import Event
 
@@ -73,21 +74,20 @@ class StackSample:
 
 class StallWatch:
     """On each node: once every running rank here has been silent past its limit, read their
-    stacks (``sample``) for node 0's judgement; then again only after another timeout."""
+    stacks (``sample``) for node 0's judgement; then again only after another timeout. It reads
+    the node's records of its ranks (``records``, rank -> ``RankRecord``, folded by the
+    supervisor)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, records: Mapping[int, RankRecord]) -> None:
         self.limits = limits
-        self._progress: dict[int, RankProgress] = {}
+        self._records = records
         self._next_check = 0.0
-
-    def observe(self, event: Event, now: float) -> None:
-        self._progress.setdefault(event.rank, RankProgress()).observe(event, now)
 
     def due(self, running: Sequence[int], now: float) -> bool:
         if not running or now < self._next_check:
             return False
-        self.limits = self.limits.learning(Learnt.of(self._progress.values()))
-        progress = [self._progress.get(r) for r in running]
+        self.limits = self.limits.learning(Learnt.of(self._records.values()))
+        progress = [self._records.get(r) for r in running]
         if any(p is None or p.since is None or now - p.since <= self.limits.of(p)
                for p in progress):
             return False
