@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Mapping, Optional, Sequence
 
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.config.frameworks import FrameworkNote
+from launcher.files import write_if_changed
 from launcher.hangs.stack_samples import StackSample, native_path
 from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from launcher.observe.monitor import JobMonitor
@@ -159,19 +159,7 @@ class Attempt:
             for target, field in ((path, "text"), (native_path(path), "native")):
                 text = event.record.get(field)
                 if isinstance(text, str) and text:
-                    _write_if_changed(target, text)
-
-
-def _write_if_changed(path: str, text: str) -> None:
-    try:
-        with open(path, errors="replace") as f:
-            if f.read(len(text) + 1) == text:
-                return
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+                    write_if_changed(target, text)
 
 
 def _stack_paths(plan: LaunchPlan) -> dict[int, str]:

@@ -10,7 +10,9 @@ import math
 import os
 from typing import Iterable, Optional, Sequence
 
+from launcher.files import read_json
 from launcher.ranks.record import RankRecord
+from parallel.manifest import atomic_write_bytes
 
 LEARN_FACTOR = 5.0
 """The learnt limit is this many times the longest quiet interval seen (NVIDIA's resiliency
@@ -67,8 +69,7 @@ class Learnt:
         record = {"command": list(command), "longest": self.longest,
                   "intervals": self.intervals, "sections": dict(self.sections)}
         try:
-            with open(os.path.join(log_dir, LEARNT_FILE), "w") as f:
-                json.dump(record, f)
+            atomic_write_bytes(os.path.join(log_dir, LEARNT_FILE), json.dumps(record).encode())
         except OSError:
             pass
 
@@ -76,14 +77,13 @@ class Learnt:
     def load(cls, log_dir: str, command: Sequence[str]) -> "Learnt":
         """What an earlier launch of ``command`` into ``log_dir`` learnt; nothing when it was
         another command (another job's pace says nothing of this one's) or cannot be read."""
+        record = read_json(os.path.join(log_dir, LEARNT_FILE))
         try:
-            with open(os.path.join(log_dir, LEARNT_FILE)) as f:
-                record = json.load(f)
             if record["command"] != list(command):
                 return cls()
             sections = tuple(sorted((str(k), float(v)) for k, v in record["sections"].items()))
             learnt = cls(float(record["longest"]), int(record["intervals"]), sections)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError):
             return cls()
         finite = all(map(math.isfinite, [learnt.longest, *dict(sections).values()]))
         return learnt if finite and learnt.longest >= 0 else cls()

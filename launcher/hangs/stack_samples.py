@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+from launcher.files import read_text, write_text
 from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.ranks.record import RankRecord
 from parallel import contract
@@ -111,16 +112,16 @@ def sample_stacks(pids: Mapping[int, int], stack_files: Mapping[int, str],
     _wait_for_dumps(stack_files.values())
     # py-spy only now: while it has a process stopped under ptrace, faulthandler cannot write.
     native = _native_stacks({r: p for r, p in pids.items() if r in stack_files})
-    python = {rank: Stacks(StackSample(rank, _main_frames(_read(path),
+    python = {rank: Stacks(StackSample(rank, _main_frames(read_text(path),
                                                           main_threads.get(rank, ""))),
-                           _read(path)) for rank, path in stack_files.items()}
+                           read_text(path)) for rank, path in stack_files.items()}
 
     def natives() -> dict[int, Stacks]:
         found = {}
         for rank, dump in native.items():
             text = dump.wait_text()
             if text:
-                _write(native_path(stack_files[rank]), text)
+                write_text(native_path(stack_files[rank]), text)
                 found[rank] = Stacks(StackSample(rank, ()), "", text)
         return found
     return python, natives
@@ -192,22 +193,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-    except OSError:
-        pass
 
 
 def _main_frames(text: str, main_thread: str) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, TextIO
 
+from launcher.files import read_json
 from launcher.hangs.stalls import Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
 from launcher.observe.startup import describe, job_phases
@@ -268,11 +269,8 @@ def _count(moved: dict[str, Any], size: int, seconds: float) -> None:
 def earlier_attempts(log_dir: str) -> list[dict[str, Any]]:
     """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
     ``launch``: 0 for the first); none when there is none or it cannot be read."""
-    try:
-        with open(os.path.join(log_dir, SUMMARY_FILE)) as f:
-            attempts = json.load(f).get("attempts")
-    except (OSError, ValueError, AttributeError):
-        return []
+    summary = read_json(os.path.join(log_dir, SUMMARY_FILE))
+    attempts = summary.get("attempts") if isinstance(summary, dict) else None
     if not isinstance(attempts, list):
         return []
     return [{**a, "launch": a.get("launch", 0) if isinstance(a.get("launch"), int) else 0}

@@ -20,6 +20,7 @@ import time
 from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config.launch_config import ConsoleFilter
+from launcher.files import remove
 from launcher.hangs.hang_limits import Limits
 from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
@@ -262,8 +263,8 @@ def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, con
 def _remove_stale(spec: ProcessSpec) -> None:
     """Reports of an earlier attempt of this job (a restart) must not end this one."""
     for path in (spec.events_path, spec.error_path, spec.stack_path):
-        if path and os.path.exists(path):
-            os.remove(path)
+        if path:
+            remove(path)
 
 
 def _reported(group: ProcessGroup) -> list[Failure]:
