@@ -10,14 +10,19 @@ from types import SimpleNamespace
 from typing import Optional, cast
 
 from launcher.attempt import Attempt
+from launcher.config.devices import DeviceKind
+from launcher.config.launch_config import ConsoleFilter
 from launcher.hangs.hang_limits import Limits
 from launcher.hangs.stack_samples import StallWatch
 from launcher.hangs.stalls import HangCheck
 from launcher.observe.job_state import JobState
 from launcher.observe.monitor import JobMonitor
-from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode, Timeouts
 from launcher.ranks import RankRecord
 from launcher.run.failures import Cause, JobResult, Outcome
+from launcher.run.output import Console
+from launcher.run.process import Exit
+from launcher.run.supervisor import LocalRanks
 from parallel.contract import METRICS_FILE, Event
 
 HOSTS = {0: "node-a", 1: "node-b"}
@@ -161,3 +166,71 @@ def test_metrics_jsonl_read_back_gives_the_same_phases(tmp_path: Path) -> None:
         if e is not None and e.rank is not None:
             rebuilt.apply(e, e.time or 0.0)
     assert live["training"] == 7.0 and rebuilt.ranks[0].progress.phases() == live
+
+
+class Recorder:
+    """A node's ``Reporter`` that keeps what the supervisor passed on."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done: list[int] = []
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def ranks_done(self, node_rank: int) -> None:
+        self.done.append(node_rank)
+
+    def tick(self) -> None:
+        return None
+
+
+class Running:
+    """A process group whose ``running`` ranks are given by hand (nothing is started)."""
+
+    def __init__(self, specs: list[ProcessSpec]) -> None:
+        self.specs = specs
+        self.pids = {s.label: 1000 + (s.rank or 0) for s in specs}
+
+    def running(self) -> list[ProcessSpec]:
+        return list(self.specs)
+
+
+def _local_ranks(tmp_path: Path) -> tuple[LocalRanks, list[ProcessSpec], Recorder]:
+    specs = [ProcessSpec(Role.RANK, r, "h", 0, r, None, str(tmp_path / f"rank_{r}.log"), {},
+                         ("python",), events_path=str(tmp_path / f"events {r}.jsonl"),
+                         error_path=str(tmp_path / f"error {r}.json")) for r in (0, 1)]
+    plan = LaunchPlan(job_id="j", log_dir=str(tmp_path), mode=StartMode.DYNAMIC_CLUSTER,
+                      device=DeviceKind.CPU, master_addr="127.0.0.1", master_port=1, world_size=2,
+                      nnodes=1, scheduler=None, ranks=tuple(specs), workdir="/",
+                      foreground=False, timeouts=Timeouts(startup=5.0))
+    reporter = Recorder()
+    ranks = LocalRanks(plan, {}, 0, Console(io.BytesIO()), ConsoleFilter(), reporter)
+    return ranks, specs, reporter
+
+
+def _write(path: str, *records: dict) -> None:
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_the_supervisor_reads_its_ranks_records(tmp_path: Path) -> None:
+    """This node's records decide the start-up timeout (a rank that began ``init()`` makes the
+    others late) and the end (only the supervisor's own exits count: an ``exited`` line a rank
+    writes itself is passed on, not believed)."""
+    ranks, specs, reporter = _local_ranks(tmp_path)
+    group = Running(specs)
+    assert ranks.check(group, []) is None
+    assert not ranks._late(group), "no rank began init() nor imported MindSpore: nothing to time"
+    _write(specs[0].events_path, {"event": "started", "rank": 0, "time": 1.0},
+           {"event": "init-started", "rank": 0, "time": 2.0},
+           {"event": "initialised", "rank": 0, "time": 3.0},
+           {"event": "exited", "rank": 0, "returncode": 0, "time": 4.0})
+    _write(specs[1].events_path, {"event": "exited", "rank": 1, "returncode": 0, "time": 4.0})
+    assert ranks.check(group, []) is None, "every rank wrote 'exited', none has"
+    assert ranks._late(group) and [s.rank for s in ranks._stuck_ranks(group)] == [1]
+    assert [e.kind for e in reporter.events] == ["started", "init-started", "initialised", "exited",
+                                                 "exited"]
+    exits = [Exit(spec, 1000 + r, 0, 5.0) for r, spec in enumerate(specs)]
+    assert ranks.check(Running([]), exits) is Outcome.SUCCEEDED
+    assert reporter.done == [0] and [e.kind for e in reporter.events[-2:]] == ["exited"] * 2
