@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
+from launcher import files
 from launcher.attempt import Attempt, Attempts
 from launcher.checkpoints.ledger import CheckpointLedger, ResumePoint
 from launcher.cluster import control
@@ -250,7 +251,7 @@ def _own_log_dir(job: Job) -> str:
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
             attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
-    _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
+    files.remove(os.path.join(plan.log_dir, contract.STOP_REQUEST_FILE))  # an earlier launch's
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -310,13 +311,6 @@ class StopRequest:
 
     def ranks_stopped(self) -> bool:
         return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
-
-
-def _clear_stop_request(log_dir: str) -> None:
-    try:
-        os.remove(os.path.join(log_dir, contract.STOP_REQUEST_FILE))
-    except OSError:
-        pass
 
 
 def _write_plan(plan: LaunchPlan) -> None:

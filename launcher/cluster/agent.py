@@ -50,7 +50,7 @@ from launcher.run.supervisor import LocalRanks
 from launcher.run.watch import Watch
 from parallel import contract
 from parallel.contract import Event
-from parallel.manifest import atomic_write_bytes
+from parallel.manifest import atomic_save, atomic_write_bytes
 
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 AGENT_INTERVAL = 0.1
@@ -82,16 +82,14 @@ class NodeZero:
     key: str
 
     def fetch_replica(self, rank: int, path: str) -> None:
-        """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically."""
-        tmp = f"{path}.fetch.{os.getpid()}"
-        try:
+        """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically (the
+        one atomic writer, ``parallel.manifest.atomic_save``)."""
+
+        def fetch(tmp: Path) -> None:
             with open(tmp, "wb") as f:
                 payload.fetch_into(self.address, self.key, f"replica {rank}", f.write,
                                    limit=1 << 62)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        atomic_save(path, fetch)
 
     def upload(self, upload: Upload, path: str) -> None:
         """Send node 0 a checkpoint file it collects (``launcher.cluster.collect``)."""

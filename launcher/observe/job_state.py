@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from launcher.hangs.hang_limits import RankProgress
-from launcher.observe.startup import Marks, job_phases
+from launcher.observe.startup import job_phases
 from launcher.observe.summary_records import AttemptEntry, CheckpointRecord, FilesMoved
+from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, Event
@@ -45,8 +45,11 @@ def exec_mode_of(value: Any) -> Optional[ExecMode]:
 class RankState:
     """What one rank has reported so far; it folds that rank's records in arrival order.
 
-    ``*_at`` fields are the monitor's clock when a record arrived; ``last_event_time`` is the
-    rank's own clock.
+    ``progress`` is the rank's record in this attempt (``launcher.ranks.RankRecord``: its
+    progress, its marks, whether it finished or exited), folded once here and read by the hang
+    check, the phases and the attempt; a restart begins a new one (``begin_attempt``). The rest
+    (steps, losses, evaluations) outlives an attempt, for the summary. ``seen_at`` is the
+    monitor's clock when a record arrived; ``last_event_time`` is the rank's own clock.
     """
 
     rank: int
@@ -61,11 +64,26 @@ class RankState:
     last_event: str = ""
     last_event_time: Optional[float] = None
     seen_at: Optional[float] = None
-    progress: RankProgress = dataclasses.field(default_factory=RankProgress)
-    marks: Marks = dataclasses.field(default_factory=Marks)
-    finished: bool = False
-    exited: bool = False
-    exit_code: Optional[int] = None
+    progress: RankRecord = dataclasses.field(default_factory=RankRecord)
+
+    def begin_attempt(self) -> None:
+        """A (restarted) attempt begins: nothing of this rank's progress is known in it."""
+        self.progress = RankRecord()
+
+    @property
+    def finished(self) -> bool:
+        """Finished training in this attempt (``finished``)."""
+        return self.progress.finished
+
+    @property
+    def exited(self) -> bool:
+        """Its process ended in this attempt."""
+        return self.progress.exited
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """How its process ended in this attempt (None while it runs, or by an unknown code)."""
+        return self.progress.exit_code
 
     @property
     def done(self) -> bool:
@@ -87,7 +105,7 @@ class RankState:
                 "eval": dataclasses.asdict(last) if last else None,
                 "evals": [dataclasses.asdict(e) for e in self.evals],
                 "last_event": self.last_event, "last_event_time": self.last_event_time,
-                "phases": self.marks.phases()}
+                "phases": self.progress.phases()}
 
 
 class JobState:
@@ -122,18 +140,13 @@ class JobState:
     def apply(self, event: Event, seen_at: float) -> None:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
         state = self._rank(event.rank, event.host)
-        state.marks.observe(event)
-        if event.kind in LIVENESS:
-            state.progress.observe(event, seen_at)
-            return
-        if event.kind == EVENT_EXITED:
-            state.exited, state.exit_code = True, event.returncode
+        state.progress.observe(event, seen_at)
+        if event.kind in LIVENESS or event.kind == EVENT_EXITED:
             return
         state.last_event, state.seen_at = event.kind, seen_at
         state.last_event_time = event.time
         if event.exec_mode is not None:  # few events say; a failed Enum lookup costs an exception
             state.exec_mode = exec_mode_of(event.exec_mode) or state.exec_mode
-        state.progress.observe(event, seen_at)
         handler = _HANDLERS.get(event.kind)
         if handler is not None:
             handler(self, state, event, seen_at)
@@ -184,7 +197,6 @@ def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float
 
 
 def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    state.finished = True
     state.step = _either(event.steps, state.step)
     state.final_loss = _either(event.final_loss, state.final_loss)
     state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)

@@ -19,11 +19,12 @@ is not GRAPH_MODE everywhere (PyNative is about 2x slower, worth a look). A rank
 one it reported: ``initialised`` says what ``init()`` chose, the trainer's first ``step`` and its
 ``finished`` what the train step ran in.
 
-The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress``
-(``hang_limits.RankProgress``) holds the monitor's clock when a record arrived, not the rank's own
-``time``, so clock skew between hosts cannot fake or hide a stall. The rank hook's ``progress``
-events and the supervisors' ``stack`` samples feed that check only: they are not written to
-metrics.jsonl (twice a second per rank, and up to 64 KB each) and are not a rank's last event.
+The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress`` (its
+``launcher.ranks.RankRecord``, folded once here for the hang check, the phases and node 0's
+attempt) holds the monitor's clock when a record arrived, not the rank's own ``time``, so clock
+skew between hosts cannot fake or hide a stall. The rank hook's ``progress`` events and the
+supervisors' ``stack`` samples feed that check only: they are not written to metrics.jsonl
+(twice a second per rank, and up to 64 KB each) and are not a rank's last event.
 
 Every method holds one lock, so remote records may arrive from another thread. ``close`` belongs
 in the supervisor's ``finally``: until it runs, a terminal keeps the scroll region.
@@ -37,12 +38,13 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, TextIO
 
-from launcher.hangs.hang_limits import RankProgress
+from launcher.files import read_json
 from launcher.hangs.stalls import Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
-from launcher.observe.startup import Marks, describe, job_phases
+from launcher.observe.startup import describe, job_phases
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
 from launcher.observe.summary_records import AttemptEntry
+from launcher.ranks.record import RankRecord
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
 from parallel import contract
@@ -91,7 +93,7 @@ class JobMonitor:
         with self._lock:
             self._state.apply(event, self._clock())
             if event.kind == EVENT_EXITED:  # progress events are not kept: say when the last was
-                last = self._state.ranks[event.rank].marks.last_progress
+                last = self._state.ranks[event.rank].progress.last_progress
                 self._append({**event.record, "last_progress": last})
             elif event.kind not in LIVENESS:
                 self._append(event.record)
@@ -116,10 +118,7 @@ class JobMonitor:
             if ranks is not None and ranks != {r: s.host for r, s in self._state.ranks.items()}:
                 self._state.reshape(ranks)
             for state in self._state.ranks.values():
-                state.progress = RankProgress()
-                state.marks = Marks()
-                state.finished = state.exited = False
-                state.exit_code = None
+                state.begin_attempt()
 
     def attempt_ended(self, record: AttemptRecord) -> None:
         """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
@@ -157,7 +156,7 @@ class JobMonitor:
     def phases_note(self) -> Optional[str]:
         """The line that says where the ranks' time went (``launcher.observe.startup``)."""
         with self._lock:
-            return describe(job_phases({r: state.marks.phases()
+            return describe(job_phases({r: state.progress.phases()
                                         for r, state in self._state.ranks.items()}))
 
     def attempts_note(self, max_restarts: int) -> Optional[str]:
@@ -184,8 +183,19 @@ class JobMonitor:
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.HangCheck``)."""
         with self._lock:
-            return [dataclasses.replace(s, progress=dataclasses.replace(s.progress))
+            return [dataclasses.replace(s, progress=s.progress.copy())
                     for s in self._state.ranks.values()]
+
+    def ranks_where(self, fact: Callable[[RankRecord], bool]) -> set[int]:
+        """The ranks whose record in this attempt says ``fact`` (initialised, exited...)."""
+        with self._lock:
+            return {r for r, s in self._state.ranks.items() if fact(s.progress)}
+
+    def record(self, rank: int) -> Optional[RankRecord]:
+        """A copy of ``rank``'s record in this attempt; None for a rank not in the job."""
+        with self._lock:
+            state = self._state.ranks.get(rank)
+            return state.progress.copy() if state is not None else None
 
     def close(self, outcome: str, exit_code: int, message: str = "",
               stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict:
@@ -249,11 +259,8 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
 def earlier_attempts(log_dir: str) -> list[AttemptEntry]:
     """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
     ``launch``: 0 for the first); none when there is none or it cannot be read."""
-    try:
-        with open(os.path.join(log_dir, SUMMARY_FILE)) as f:
-            attempts = json.load(f).get("attempts")
-    except (OSError, ValueError, AttributeError):
-        return []
+    summary = read_json(os.path.join(log_dir, SUMMARY_FILE))
+    attempts = summary.get("attempts") if isinstance(summary, dict) else None
     if not isinstance(attempts, list):
         return []
     return [AttemptEntry.from_json(a) for a in attempts if isinstance(a, dict)]
