@@ -15,10 +15,12 @@ import os
 import shutil
 import signal
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
+from launcher import files
 from launcher.attempt import Attempt, Attempts
 from launcher.checkpoints.ledger import CheckpointLedger, MissingCheckpoint, ResumePoint, place_for_resume
+from launcher.cluster import control
 from launcher.cluster.agent import payload_for
 from launcher.cluster.backends.ssh_mux import SshMasters
 from launcher.cluster.card_checks import recheck_before_restart
@@ -252,7 +254,7 @@ def _own_log_dir(job: Job) -> str:
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
             attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
-    _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
+    files.remove(os.path.join(plan.log_dir, contract.STOP_REQUEST_FILE))  # an earlier launch's
     last_words.clear(plan.log_dir)
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
@@ -277,7 +279,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         agents = job.backend.agent_launches(plan, payload, served)
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
-        return run_agents(plan, agents, config.console, environ, console, attempt)
+        return run_agents(plan, agents, config.console, environ, console, attempt,
+                          on_stop=lambda send: StopRequest(plan, attempt, err, send))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,11 +288,14 @@ class StopRequest:
     """On a stop signal to a job run here: when every rank's trainer saves on request
     (``saves_on_stop``), the step they all save and stop at goes into the log directory
     (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
-    else they are stopped at once, as before."""
+    else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
+    node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),
+    which writes it into its own host's log directory."""
 
     plan: LaunchPlan
     attempt: "Attempt"
     err: Optional[TextIO] = None
+    send: Optional[Callable[[bytes], None]] = None
 
     def __call__(self, signum: int) -> float:
         step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
@@ -299,7 +305,10 @@ class StopRequest:
         try:
             atomic_write_bytes(path, f"{step}\n".encode())
         except OSError:
-            return 0.0
+            if self.send is None:
+                return 0.0
+        if self.send is not None:
+            self.send(control.save_line(step))
         if self.err is not None:
             self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
                            f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
@@ -331,13 +340,6 @@ def _place_here(plan: LaunchPlan, node_rank: int) -> Optional[JobResult]:
                          f"restart {plan.restart}: {e}", time.time(),
                          Cause(Outcome.FAILED, "rank", rank, time=time.time()))
     return None
-
-
-def _clear_stop_request(log_dir: str) -> None:
-    try:
-        os.remove(os.path.join(log_dir, contract.STOP_REQUEST_FILE))
-    except OSError:
-        pass
 
 
 def _write_plan(plan: LaunchPlan) -> None:

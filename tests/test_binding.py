@@ -23,7 +23,8 @@ from launcher.errors import ConfigError
 from launcher.plan import binding
 from launcher.plan.binding import Binding, HostCores, read_topo, resolve, split
 from launcher.plan.host_binding import bind_node
-from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import PlanInputs, build_plan
 
 SCRIPT = str(RANK_SCRIPTS / "affinity.py")
 TOPO = (ASCEND_FIXTURES / "a2_host" / "topo.txt").read_text()

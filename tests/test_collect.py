@@ -28,7 +28,8 @@ from launcher.cluster.payload import serving
 from launcher.config.devices import Card, DeviceKind
 from launcher.config.launch_config import LaunchConfig
 from launcher.errors import LaunchError
-from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import PlanInputs, build_plan
 from launcher.run.output import Console
 from parallel.contract import Event
 

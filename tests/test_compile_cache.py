@@ -21,7 +21,8 @@ from helpers import RANK_SCRIPTS, assert_no_job_processes, checksums, run_launch
 
 from launcher.config.devices import Card, DeviceKind
 from launcher.config.launch_config import LaunchConfig
-from launcher.plan.launch_plan import COMPILE_CACHE, LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import COMPILE_CACHE, PlanInputs, build_plan
 from launcher.run.events import prepare_dirs
 from parallel import contract
 

@@ -24,7 +24,8 @@ from launcher.cluster.node_agents import AgentLaunch, run_agents
 from launcher.config.devices import Card, DeviceKind
 from launcher.config.launch_config import ConsoleFilter, LaunchConfig
 from launcher.hangs.stalls import Stall
-from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, ProcessSpec, Role, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node, ProcessSpec, Role
+from launcher.plan.planner import PlanInputs, build_plan
 from launcher.run.events import prepare_dirs
 from launcher.run.failures import Outcome
 from launcher.run.output import Console

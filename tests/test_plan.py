@@ -6,7 +6,8 @@ from pathlib import Path
 
 from launcher.config.devices import Card, DeviceKind
 from launcher.config.launch_config import LaunchConfig
-from launcher.plan.launch_plan import LaunchPlan, Node, PlanInputs, RankAssignment, Role, StartMode, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node, RankAssignment, Role, StartMode
+from launcher.plan.planner import PlanInputs, build_plan
 
 
 def _config(tmp: Path, **kw) -> LaunchConfig:

@@ -12,8 +12,10 @@ import numpy as np
 from click.testing import CliRunner
 from helpers import exited, feed
 
+from launcher.observe.job_files import summary_from_metrics
+from launcher.observe.metrics_records import events_of, read_records
 from launcher.observe.monitor import JobMonitor
-from launcher.observe.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
+from launcher.observe.report import EvalSeries, eval_series, report
 from parallel import contract
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
 
@@ -123,7 +125,7 @@ def test_eval_series_per_rank_and_the_held_out_panel(weird_tmp: Path) -> None:
     for name in ("with", "without"):
         (weird_tmp / name).mkdir()
         write_job(weird_tmp / name, evals=name == "with")
-    series = eval_series(list(read_records(str(weird_tmp / "with" / METRICS_FILE))))
+    series = eval_series(events_of(read_records(str(weird_tmp / "with" / METRICS_FILE))))
     assert series[2] == EvalSeries(2, (20, 40), (1.0, 0.25), (0.52, 0.92))
     assert [s.rank for s in series] == [0, 1, 2]
 

@@ -89,7 +89,7 @@ def events_table(path: Path = CONTRACT) -> str:
 
 def msrun_help() -> str:
     """What ``npu-launch msrun --help`` prints, as a code block."""
-    from launcher.config.msrun_compat import HELP
+    from launcher.config.msrun_args import HELP
     return f"```text\n{HELP.rstrip()}\n```"
 
 

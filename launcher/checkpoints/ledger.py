@@ -37,6 +37,7 @@ import threading
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from launcher.checkpoints.uploads import Upload
+from launcher.files import remove
 from parallel.contract import Event
 from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir, sha256_file
 
@@ -384,10 +385,7 @@ def _free_bytes(path: str) -> int:
 
 def _remove(path: str) -> None:
     """Delete a collected copy, and its rank's folder once empty."""
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+    remove(path)
     _remove_empty(os.path.dirname(path))
 
 

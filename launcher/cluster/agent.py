@@ -50,6 +50,7 @@ from launcher.run.supervisor import LocalRanks
 from launcher.run.watch import Watch
 from parallel import contract
 from parallel.contract import Event
+from parallel.manifest import atomic_save, atomic_write_bytes
 
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 AGENT_INTERVAL = 0.1
@@ -81,16 +82,14 @@ class NodeZero:
     key: str
 
     def fetch_replica(self, rank: int, path: str) -> None:
-        """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically."""
-        tmp = f"{path}.fetch.{os.getpid()}"
-        try:
+        """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically (the
+        one atomic writer, ``parallel.manifest.atomic_save``)."""
+
+        def fetch(tmp: Path) -> None:
             with open(tmp, "wb") as f:
                 payload.fetch_into(self.address, self.key, f"replica {rank}", f.write,
                                    limit=1 << 62)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        atomic_save(path, fetch)
 
     def upload(self, upload: Upload, path: str) -> None:
         """Send node 0 a checkpoint file it collects (``launcher.cluster.collect``)."""
@@ -192,9 +191,11 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZ
     uploader = _uploader(plan, specs, server, console)
     reporter = ControlReporter(console, uploader)
     ranks = LocalRanks(plan, os.environ, node_rank, console, ConsoleFilter(), reporter)
-    watch = Watch(plan, ranks, ranks.group(), interval=AGENT_INTERVAL)  # node 0 filters the console
+    stop = AgentStop(plan)
+    watch = Watch(plan, ranks, ranks.group(), interval=AGENT_INTERVAL,  # node 0 filters the console
+                  on_stop=stop)
     if watch_stdin:
-        threading.Thread(target=_follow_stdin, args=(ranks, watch), daemon=True).start()
+        threading.Thread(target=_follow_stdin, args=(ranks, watch, stop), daemon=True).start()
     result = watch.run()
     # The last checkpoint's files go before the result: node 0 stops serving once every
     # agent has reported. After a failure they get the time teardown gives processes.
@@ -253,18 +254,55 @@ def _bind_here(plan: LaunchPlan, node_rank: int,
     return plan, None
 
 
-def _follow_stdin(ranks: LocalRanks, watch: Watch) -> None:
-    """``finish``: every node is done, stop the scheduler; end of stdin: stop everything."""
+class AgentStop:
+    """What a stop signal to this agent does first (``launcher.run.watch.StopHook``). Node 0
+    decides the step every rank saves (``launch.StopRequest``) and sends it on the agents'
+    stdin; ``save`` writes it into this host's log directory, where the trainer looks once a
+    step, and the ranks save it and exit on their own. A signal to the agent itself (Slurm
+    signals every task of a job step on preemption) waits ``WORD_WAIT`` s for node 0's word
+    and then gives the ranks ``--kill-timeout``; without it, or when stdin ends (node 0's
+    order to stop now), the ranks are stopped at once."""
+
+    WORD_WAIT = 0.5
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self._path = os.path.join(plan.log_dir, contract.STOP_REQUEST_FILE)
+        self._kill = plan.timeouts.kill
+        self._word = threading.Event()
+
+    def save(self, step: int) -> None:
+        try:
+            atomic_write_bytes(self._path, f"{step}\n".encode())
+        except OSError:
+            return
+        self._word.set()
+
+    def __call__(self, signum: int) -> float:
+        if signum == signal.SIGHUP or not self._word.wait(self.WORD_WAIT):
+            return 0.0
+        return self._kill
+
+    def ranks_stopped(self) -> bool:
+        return False  # the ranks' source ends the loop once they all exited
+
+
+def _follow_stdin(ranks: LocalRanks, watch: Watch, stop: AgentStop) -> None:
+    """``finish``: every node is done, stop the scheduler; ``save <step>``: every rank saves
+    that step and exits; end of stdin: stop everything."""
     # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the
     # interpreter abort at exit ("could not acquire lock for <stdin>").
-    received = b""
+    pending = b""
     while True:
         chunk = os.read(0, 4096)
         if not chunk:
             break
-        received += chunk
-        if control.FINISH in received:
-            ranks.finish()
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line + b"\n" == control.FINISH:
+                ranks.finish()
+            step = control.saved_step(line)
+            if step is not None:
+                stop.save(step)
     watch.request_stop(signal.SIGHUP)
 
 

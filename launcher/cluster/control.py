@@ -20,6 +20,11 @@ NODE_DONE = "node-done"
 AGENT_UP = "agent-up"
 FINISH = b"finish\n"
 """Node 0 -> agents, on stdin: every node's ranks are done."""
+SAVE = b"save "
+"""Node 0 -> agents, on stdin: ``save <step>``: a stop signal came, and every rank saves that
+step and exits (``launch.StopRequest``); each agent writes it into its host's log directory,
+where the trainer looks for it (``contract.STOP_REQUEST_FILE``)."""
+_MAX_STEP_DIGITS = 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +62,20 @@ def node_done_line(node_rank: int) -> bytes:
 
 def agent_up_line() -> bytes:
     return encode(AGENT_UP, {})
+
+
+def save_line(step: int) -> bytes:
+    return SAVE + str(step).encode() + b"\n"
+
+
+def saved_step(line: bytes) -> Optional[int]:
+    """The step of a ``save`` line (without its newline); None for any other line."""
+    if not line.startswith(SAVE):
+        return None
+    digits = line[len(SAVE):].strip()
+    if not (digits.isdigit() and len(digits) <= _MAX_STEP_DIGITS):
+        return None
+    return int(digits)
 
 
 def decode(line: bytes) -> Optional[Message]:

@@ -23,7 +23,7 @@ from launcher.plan.launch_plan import LaunchPlan, ProcessSpec
 from launcher.run.failures import Cause, JobResult, Outcome, exit_code_of, last_lines_block
 from launcher.run.output import Console
 from launcher.run.process import Exit, ProcessGroup
-from launcher.run.watch import Reporter, Watch
+from launcher.run.watch import Reporter, StopHook, Watch
 from parallel.contract import Event
 
 _RANK_PREFIX = re.compile(rb"^\[([^\]\s]+):(\d+)\] ")
@@ -168,11 +168,14 @@ class NodeAgents:
 
 
 def run_agents(plan: LaunchPlan, agents: list[AgentLaunch], console_filter: ConsoleFilter,
-               base_env: Mapping[str, str], console: Console, reporter: Reporter) -> JobResult:
-    """Run the job's node agents from here until the job ends everywhere."""
+               base_env: Mapping[str, str], console: Console, reporter: Reporter,
+               on_stop: Optional[Callable[[Callable[[bytes], None]], StopHook]] = None) -> JobResult:
+    """Run the job's node agents from here until the job ends everywhere. ``on_stop``: given
+    how to write to every agent's stdin, what a stop signal does first (``Watch``)."""
     group = ProcessGroup(plan.token, base_env, plan.workdir)
     source = NodeAgents(plan, agents, console_filter, console, reporter)
-    return Watch(plan, source, group, reporter.tick).run()
+    hook = on_stop(group.send) if on_stop is not None else None
+    return Watch(plan, source, group, reporter.tick, on_stop=hook).run()
 
 
 def _agent_failure(exit_: Exit, job_id: str) -> JobResult:

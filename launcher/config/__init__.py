@@ -1,3 +1,4 @@
-"""What the user gives, checked before anything starts: options and config files
-(``launch_config``), hostfiles, ``--env-file``, devices, the script, msrun's spelling
-(``msrun_compat``, ``msrun_values``) and which framework the ranks use (``frameworks``)."""
+"""What the user gives, checked before anything starts: options (``launch_config``) and config
+files (``config_file``), hostfiles, ``--env-file``, devices, the script, msrun's spelling
+(``msrun_args``, ``msrun_values``, ``msrun_compat``) and which framework the ranks use
+(``frameworks``)."""

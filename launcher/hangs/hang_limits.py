@@ -10,8 +10,9 @@ import math
 import os
 from typing import Iterable, Optional, Sequence
 
-from parallel import contract
-from parallel.contract import Event
+from launcher.files import read_json
+from launcher.ranks.record import RankRecord
+from parallel.manifest import atomic_write_bytes
 
 LEARN_FACTOR = 5.0
 """The learnt limit is this many times the longest quiet interval seen (NVIDIA's resiliency
@@ -53,7 +54,7 @@ class Learnt:
                       tuple(sorted(kinds.items())))
 
     @classmethod
-    def of(cls, progress: Iterable["RankProgress"]) -> "Learnt":
+    def of(cls, progress: Iterable[RankRecord]) -> "Learnt":
         learnt = cls()
         for p in progress:
             learnt = learnt.merge(cls(p.longest, p.intervals, p.section_longest))
@@ -68,8 +69,7 @@ class Learnt:
         record = {"command": list(command), "longest": self.longest,
                   "intervals": self.intervals, "sections": dict(self.sections)}
         try:
-            with open(os.path.join(log_dir, LEARNT_FILE), "w") as f:
-                json.dump(record, f)
+            atomic_write_bytes(os.path.join(log_dir, LEARNT_FILE), json.dumps(record).encode())
         except OSError:
             pass
 
@@ -77,14 +77,13 @@ class Learnt:
     def load(cls, log_dir: str, command: Sequence[str]) -> "Learnt":
         """What an earlier launch of ``command`` into ``log_dir`` learnt; nothing when it was
         another command (another job's pace says nothing of this one's) or cannot be read."""
+        record = read_json(os.path.join(log_dir, LEARNT_FILE))
         try:
-            with open(os.path.join(log_dir, LEARNT_FILE)) as f:
-                record = json.load(f)
             if record["command"] != list(command):
                 return cls()
             sections = tuple(sorted((str(k), float(v)) for k, v in record["sections"].items()))
             learnt = cls(float(record["longest"]), int(record["intervals"]), sections)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError):
             return cls()
         finite = all(map(math.isfinite, [learnt.longest, *dict(sections).values()]))
         return learnt if finite and learnt.longest >= 0 else cls()
@@ -131,7 +130,7 @@ class Limits:
     def learning(self, learnt: Learnt) -> "Limits":
         return dataclasses.replace(self, learnt=self.learnt.merge(learnt))
 
-    def of(self, progress: "RankProgress") -> float:
+    def of(self, progress: RankRecord) -> float:
         if progress.in_grace:
             return max(self.grace, self.quiet)
         if progress.section:
@@ -139,7 +138,7 @@ class Limits:
             return self.grace if seen is None else max(self.quiet, LEARN_FACTOR * seen)
         return self.quiet
 
-    def why_for(self, progress: "RankProgress") -> str:
+    def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
         if progress.in_grace and self.grace > self.quiet:
             return f"--hang-grace {self.grace:g}: compiling"
@@ -153,67 +152,6 @@ def _seconds(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
 
 
-@dataclasses.dataclass
-class RankProgress:
-    """One rank's progress in this attempt, as the launcher saw its events arrive."""
-
-    since: Optional[float] = None
-    """Last progress: ``initialised``, a step, a higher count, a checkpoint load, a section's
-    start or end."""
-    stepped_at: Optional[float] = None
-    """Last step or higher count outside a section (not ``initialised``, not a load)."""
-    count: int = 0
-    busy: bool = False
-    loads: int = 0
-    in_grace: bool = True
-    section: str = ""
-    """``save`` or ``eval`` while the rank is inside one, else ""."""
-    section_since: float = 0.0
-    sections: int = 0
-    grace_count: int = 0
-    """The count when the grace began: it lasts until the count is 2 higher (a first batch is
-    fetched before the step that compiles), a ``first-step`` or a ``step``."""
-    longest: float = 0.0
-    """The longest quiet interval ended by a step or a count, outside grace and sections."""
-    intervals: int = 0
-    section_longest: tuple[tuple[str, float], ...] = ()
-
-    def observe(self, event: Event, now: float) -> None:
-        kind = event.kind
-        if kind == contract.EVENT_INITIALISED:
-            self.since = self.since or now
-        elif kind == contract.EVENT_STEP:
-            self._stepped(now)
-        elif kind == contract.EVENT_FIRST_STEP and self.in_grace:
-            self.since, self.in_grace = now, False
-        elif kind == contract.EVENT_PROGRESS:
-            self.busy = bool(event.busy)
-            self._section(event.section or "", event.sections or 0, now)
-            if event.loads is not None and event.loads > self.loads:
-                self.loads, self.since, self.in_grace = event.loads, now, True
-                self.grace_count = max(self.count, event.count or 0)
-            elif event.count is not None and event.count > self.count:
-                if self.section or (self.in_grace and event.count < self.grace_count + 2):
-                    self.since = now
-                else:
-                    self._stepped(now)
-            self.count = max(self.count, event.count or 0)
-
-    def _stepped(self, now: float) -> None:
-        if not self.in_grace and self.since is not None:
-            self.longest = max(self.longest, now - self.since)
-            self.intervals += 1
-        self.since = self.stepped_at = now
-        self.in_grace = False
-
-    def _section(self, section: str, sections: int, now: float) -> None:
-        """A section began or ended (one that began and ended between two events shows only
-        in ``sections``: it was short)."""
-        if section == self.section and sections == self.sections:
-            return
-        if self.section and not self.in_grace:
-            kinds = dict(self.section_longest)
-            kinds[self.section] = max(kinds.get(self.section, 0.0), now - self.section_since)
-            self.section_longest = tuple(sorted(kinds.items()))
-        self.section, self.sections, self.section_since = section, sections, now
-        self.since = now
+RankProgress = RankRecord  # the name the hang tests know
+"""What the limits read of a rank: its record (``launcher.ranks.record``), one fold for the hang
+check, the phases, the monitor and the attempt."""

@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from launcher.hangs.hang_limits import Learnt, Limits, RankProgress
+from launcher.files import read_text, write_text
+from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.contract import Event
 
@@ -73,21 +75,20 @@ class StackSample:
 
 class StallWatch:
     """On each node: once every running rank here has been silent past its limit, read their
-    stacks (``sample``) for node 0's judgement; then again only after another timeout."""
+    stacks (``sample``) for node 0's judgement; then again only after another timeout. It reads
+    the node's records of its ranks (``records``, rank -> ``RankRecord``, folded by the
+    supervisor)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, records: Mapping[int, RankRecord]) -> None:
         self.limits = limits
-        self._progress: dict[int, RankProgress] = {}
+        self._records = records
         self._next_check = 0.0
-
-    def observe(self, event: Event, now: float) -> None:
-        self._progress.setdefault(event.rank, RankProgress()).observe(event, now)
 
     def due(self, running: Sequence[int], now: float) -> bool:
         if not running or now < self._next_check:
             return False
-        self.limits = self.limits.learning(Learnt.of(self._progress.values()))
-        progress = [self._progress.get(r) for r in running]
+        self.limits = self.limits.learning(Learnt.of(self._records.values()))
+        progress = [self._records.get(r) for r in running]
         if any(p is None or p.since is None or now - p.since <= self.limits.of(p)
                for p in progress):
             return False
@@ -111,16 +112,16 @@ def sample_stacks(pids: Mapping[int, int], stack_files: Mapping[int, str],
     _wait_for_dumps(stack_files.values())
     # py-spy only now: while it has a process stopped under ptrace, faulthandler cannot write.
     native = _native_stacks({r: p for r, p in pids.items() if r in stack_files})
-    python = {rank: Stacks(StackSample(rank, _main_frames(_read(path),
+    python = {rank: Stacks(StackSample(rank, _main_frames(read_text(path),
                                                           main_threads.get(rank, ""))),
-                           _read(path)) for rank, path in stack_files.items()}
+                           read_text(path)) for rank, path in stack_files.items()}
 
     def natives() -> dict[int, Stacks]:
         found = {}
         for rank, dump in native.items():
             text = dump.wait_text()
             if text:
-                _write(native_path(stack_files[rank]), text)
+                write_text(native_path(stack_files[rank]), text)
                 found[rank] = Stacks(StackSample(rank, ()), "", text)
         return found
     return python, natives
@@ -192,22 +193,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-    except OSError:
-        pass
 
 
 def _main_frames(text: str, main_thread: str) -> tuple[str, ...]:

@@ -4,16 +4,17 @@ The limits live in ``launcher.hangs.hang_limits``, each node's reading of its ra
 
 Progress is what the ranks report: the rank hook's ``progress`` events (``parallel.progress``:
 top-level Cell calls, dataset batches, checkpoint loads, whatever loop the script runs), the
-trainer's ``step`` events, and ``initialised``. ``RankProgress`` folds them, with the launcher's
-clock when each arrived (not the rank's, so clock skew between hosts cannot fake or hide a
-stall). A rank is silent past its limit (``Limits``) after ``--hang-timeout`` seconds without
-progress, or, with no ``--hang-timeout`` given, after a limit learnt from the job: 5 x the
-longest quiet interval any rank showed between two progress events, at least 10 s (kept across
-restarts); or ``--hang-grace`` while it is in grace: since ``init()`` until its first progress,
-and since a checkpoint load until its next (graph compilation on Ascend can take many minutes).
-A rank inside a checkpoint save or an evaluation (a ``section``) has the limit of that kind:
-5 x the longest one seen, or the grace while none ended yet; its peers that wait meanwhile are
-not judged while it is within it.
+trainer's ``step`` events, and ``initialised``. ``launcher.ranks.RankRecord`` folds them (what
+counts as progress is said there, once), with the launcher's clock when each arrived (not the
+rank's, so clock skew between hosts cannot fake or hide a stall). A rank is silent past its
+limit (``Limits``) after ``--hang-timeout`` seconds without progress, or, with no
+``--hang-timeout`` given, after a limit learnt from the job: 5 x the longest quiet interval any
+rank showed between two progress events, at least 10 s (kept across restarts); or
+``--hang-grace`` while it is in grace: since ``init()`` until its first progress, and since a
+checkpoint load until its next (graph compilation on Ascend can take many minutes). A rank
+inside a checkpoint save or an evaluation (a ``section``) has the limit of that kind: 5 x the
+longest one seen, or the grace while none ended yet; its peers that wait meanwhile are not
+judged while it is within it.
 
 Two ways a hang shows, both judged on node 0 over every rank of every host (``HangCheck``):
 
@@ -40,8 +41,9 @@ import time
 from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from launcher.console_lines import runs_text
-from launcher.hangs.hang_limits import Learnt, Limits, RankProgress
+from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stack_samples import StackSample
+from launcher.ranks.record import RankRecord
 
 HANG_EXIT_CODE = 124
 
@@ -57,13 +59,16 @@ _SHOWN_FRAMES = 6
 
 
 class Progress(Protocol):
-    """What the stall check reads of a rank (the monitor's ``RankState``)."""
+    """What the stall check reads of a rank (the monitor's ``RankState``): ``progress`` is its
+    record (``launcher.ranks.record``), whose ``since`` is its last progress."""
 
     rank: int
     host: str
     step: Optional[int]
-    progress: RankProgress
-    finished: bool
+    progress: RankRecord
+
+    @property
+    def finished(self) -> bool: ...
 
     @property
     def done(self) -> bool: ...

@@ -6,8 +6,9 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from launcher.checkpoints.ledger import files_standing
-from launcher.hangs.hang_limits import RankProgress
-from launcher.observe.startup import Marks, job_phases
+from launcher.observe.startup import job_phases
+from launcher.observe.summary_records import AttemptEntry, CheckpointRecord, FilesMoved
+from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, Event
@@ -45,8 +46,11 @@ def exec_mode_of(value: Any) -> Optional[ExecMode]:
 class RankState:
     """What one rank has reported so far; it folds that rank's records in arrival order.
 
-    ``*_at`` fields are the monitor's clock when a record arrived; ``last_event_time`` is the
-    rank's own clock.
+    ``progress`` is the rank's record in this attempt (``launcher.ranks.RankRecord``: its
+    progress, its marks, whether it finished or exited), folded once here and read by the hang
+    check, the phases and the attempt; a restart begins a new one (``begin_attempt``). The rest
+    (steps, losses, evaluations) outlives an attempt, for the summary. ``seen_at`` is the
+    monitor's clock when a record arrived; ``last_event_time`` is the rank's own clock.
     """
 
     rank: int
@@ -61,11 +65,26 @@ class RankState:
     last_event: str = ""
     last_event_time: Optional[float] = None
     seen_at: Optional[float] = None
-    progress: RankProgress = dataclasses.field(default_factory=RankProgress)
-    marks: Marks = dataclasses.field(default_factory=Marks)
-    finished: bool = False
-    exited: bool = False
-    exit_code: Optional[int] = None
+    progress: RankRecord = dataclasses.field(default_factory=RankRecord)
+
+    def begin_attempt(self) -> None:
+        """A (restarted) attempt begins: nothing of this rank's progress is known in it."""
+        self.progress = RankRecord()
+
+    @property
+    def finished(self) -> bool:
+        """Finished training in this attempt (``finished``)."""
+        return self.progress.finished
+
+    @property
+    def exited(self) -> bool:
+        """Its process ended in this attempt."""
+        return self.progress.exited
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """How its process ended in this attempt (None while it runs, or by an unknown code)."""
+        return self.progress.exit_code
 
     @property
     def done(self) -> bool:
@@ -87,7 +106,7 @@ class RankState:
                 "eval": dataclasses.asdict(last) if last else None,
                 "evals": [dataclasses.asdict(e) for e in self.evals],
                 "last_event": self.last_event, "last_event_time": self.last_event_time,
-                "phases": self.marks.phases()}
+                "phases": self.progress.phases()}
 
 
 class JobState:
@@ -95,19 +114,19 @@ class JobState:
 
     def __init__(self, ranks: Mapping[int, str]) -> None:
         self.ranks: dict[int, RankState] = {r: RankState(r, h) for r, h in sorted(ranks.items())}
-        self.checkpoints: list[dict[str, Any]] = []
+        self.checkpoints: list[CheckpointRecord] = []
         self.files: dict[int, dict[int, RankFile]] = {}
         """Each step's checkpoint files by rank, as the ranks described them."""
-        self.transferred: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        self.transferred = FilesMoved()
         """Checkpoint files node 0 sent to hosts that lacked them, for a resume."""
-        self.collected: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0}
+        self.collected = FilesMoved()
         """Checkpoint files the agents sent node 0 (``launcher.cluster.collect``)."""
         self.storage: Optional[str] = None
         """``shared`` or ``private``: whether node 0 found every rank's files (the ledger's
         ``storage``)."""
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[AttemptEntry] = []
         """Each attempt of the job as it ended (``restarts.AttemptRecord``), in order."""
-        self.earlier_attempts: list[dict[str, Any]] = []
+        self.earlier_attempts: list[AttemptEntry] = []
         """The attempts of earlier launches into the same log directory (the same command run
         again resumes there): kept ahead of this launch's in summary.json."""
         self.global_batch: Optional[int] = None
@@ -122,18 +141,13 @@ class JobState:
     def apply(self, event: Event, seen_at: float) -> None:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
         state = self._rank(event.rank, event.host)
-        state.marks.observe(event)
-        if event.kind in LIVENESS:
-            state.progress.observe(event, seen_at)
-            return
-        if event.kind == EVENT_EXITED:
-            state.exited, state.exit_code = True, event.returncode
+        state.progress.observe(event, seen_at)
+        if event.kind in LIVENESS or event.kind == EVENT_EXITED:
             return
         state.last_event, state.seen_at = event.kind, seen_at
         state.last_event_time = event.time
         if event.exec_mode is not None:  # few events say; a failed Enum lookup costs an exception
             state.exec_mode = exec_mode_of(event.exec_mode) or state.exec_mode
-        state.progress.observe(event, seen_at)
         handler = _HANDLERS.get(event.kind)
         if handler is not None:
             handler(self, state, event, seen_at)
@@ -149,10 +163,11 @@ class JobState:
                 "last_step": max(steps, default=None),
                 "phases": job_phases({r["rank"]: r["phases"] for r in ranks}),
                 "ranks": ranks,
-                "checkpoints": [{**c, "complete": c["step"] in complete} for c in self.checkpoints],
-                "complete_steps": complete, "checkpoints_sent": dict(self.transferred),
-                "checkpoints_collected": dict(self.collected), "checkpoint_storage": self.storage,
-                "attempts": self.earlier_attempts + list(self.attempts)}
+                "checkpoints": [dataclasses.replace(c, complete=c.step in complete).to_json()
+                                for c in self.checkpoints],
+                "complete_steps": complete, "checkpoints_sent": self.transferred.to_json(),
+                "checkpoints_collected": self.collected.to_json(), "checkpoint_storage": self.storage,
+                "attempts": [a.to_json() for a in (*self.earlier_attempts, *self.attempts)]}
 
     def complete_steps(self) -> list[int]:
         """Steps complete by the ledger's one rule (``parallel.manifest.complete_files``): every
@@ -175,15 +190,14 @@ def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> N
 
 
 def _on_checkpoint(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    job.checkpoints.append({"rank": state.rank, "step": event.step, "host": event.host,
-                            "path": event.path, "time": state.last_event_time})
+    job.checkpoints.append(CheckpointRecord(state.rank, event.step, event.host, event.path,
+                                            state.last_event_time))
     file = RankFile.reported(state.rank, event.record)
     if file is not None and event.step is not None and file.position.global_step == event.step:
         job.files.setdefault(event.step, {}).update(files_standing(event, file, len(job.ranks)))
 
 
 def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    state.finished = True
     state.step = _either(event.steps, state.step)
     state.final_loss = _either(event.final_loss, state.final_loss)
     state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)

@@ -19,11 +19,12 @@ is not GRAPH_MODE everywhere (PyNative is about 2x slower, worth a look). A rank
 one it reported: ``initialised`` says what ``init()`` chose, the trainer's first ``step`` and its
 ``finished`` what the train step ran in.
 
-The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress``
-(``hang_limits.RankProgress``) holds the monitor's clock when a record arrived, not the rank's own
-``time``, so clock skew between hosts cannot fake or hide a stall. The rank hook's ``progress``
-events and the supervisors' ``stack`` samples feed that check only: they are not written to
-metrics.jsonl (twice a second per rank, and up to 64 KB each) and are not a rank's last event.
+The hang check (``stalls.HangCheck``) reads ``rank_states``: each rank's ``progress`` (its
+``launcher.ranks.RankRecord``, folded once here for the hang check, the phases and node 0's
+attempt) holds the monitor's clock when a record arrived, not the rank's own ``time``, so clock
+skew between hosts cannot fake or hide a stall. The rank hook's ``progress`` events and the
+supervisors' ``stack`` samples feed that check only: they are not written to metrics.jsonl
+(twice a second per rank, and up to 64 KB each) and are not a rank's last event.
 
 Every method holds one lock, so remote records may arrive from another thread. ``close`` belongs
 in the supervisor's ``finally``: until it runs, a terminal keeps the scroll region.
@@ -37,11 +38,13 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, TextIO
 
-from launcher.hangs.hang_limits import RankProgress
+from launcher.files import read_json
 from launcher.hangs.stalls import Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
-from launcher.observe.startup import Marks, describe, job_phases
+from launcher.observe.startup import describe, job_phases
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
+from launcher.observe.summary_records import AttemptEntry
+from launcher.ranks.record import RankRecord
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
 from parallel import contract
@@ -75,8 +78,7 @@ class JobMonitor:
         self._summary: Optional[dict[str, Any]] = None
         os.makedirs(log_dir, exist_ok=True)
         self._state.earlier_attempts = earlier_attempts(log_dir)
-        self._launch = 1 + max((a.get("launch", 0) for a in self._state.earlier_attempts),
-                               default=-1)
+        self._launch = 1 + max((a.launch for a in self._state.earlier_attempts), default=-1)
         # Appended to: a launch into a finished or stopped job's directory continues its history.
         self._metrics: Optional[TextIO] = open(os.path.join(log_dir, METRICS_FILE), "a")
         self._append({"event": EVENT_JOB, "job_id": job_id, "time": self._started,
@@ -91,7 +93,7 @@ class JobMonitor:
         with self._lock:
             self._state.apply(event, self._clock())
             if event.kind == EVENT_EXITED:  # progress events are not kept: say when the last was
-                last = self._state.ranks[event.rank].marks.last_progress
+                last = self._state.ranks[event.rank].progress.last_progress
                 self._append({**event.record, "last_progress": last})
             elif event.kind not in LIVENESS:
                 self._append(event.record)
@@ -116,18 +118,15 @@ class JobMonitor:
             if ranks is not None and ranks != {r: s.host for r, s in self._state.ranks.items()}:
                 self._state.reshape(ranks)
             for state in self._state.ranks.values():
-                state.progress = RankProgress()
-                state.marks = Marks()
-                state.finished = state.exited = False
-                state.exit_code = None
+                state.begin_attempt()
 
     def attempt_ended(self, record: AttemptRecord) -> None:
         """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
         summary.json's ``attempts``."""
-        entry = {**record.to_json(), "launch": self._launch}
+        entry = AttemptEntry.of(record, self._launch)
         with self._lock:
             self._state.attempts.append(entry)
-            self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry})
+            self._append({"event": EVENT_ATTEMPT, "time": record.ended_at, **entry.to_json()})
             if self._metrics is not None:  # a backoff follows: no tick flushes it
                 self._metrics.flush()
                 self._dirty = False
@@ -140,13 +139,13 @@ class JobMonitor:
     def on_transfer(self, size: int, seconds: float) -> None:
         """Node 0 sent ``size`` bytes of checkpoint to a node that lacked them (any thread)."""
         with self._lock:
-            _count(self._state.transferred, size, seconds)
+            self._state.transferred = self._state.transferred.plus(size, seconds)
 
     def on_collected(self, size: int, seconds: float) -> None:
         """An agent sent node 0 a checkpoint file of ``size`` bytes, in place after
         ``seconds`` (any thread)."""
         with self._lock:
-            _count(self._state.collected, size, seconds)
+            self._state.collected = self._state.collected.plus(size, seconds)
 
     def storage_found(self, storage: Optional[str]) -> None:
         """What the ledger found of node 0's view of the ranks' files (``shared``,
@@ -157,7 +156,7 @@ class JobMonitor:
     def phases_note(self) -> Optional[str]:
         """The line that says where the ranks' time went (``launcher.observe.startup``)."""
         with self._lock:
-            return describe(job_phases({r: state.marks.phases()
+            return describe(job_phases({r: state.progress.phases()
                                         for r, state in self._state.ranks.items()}))
 
     def attempts_note(self, max_restarts: int) -> Optional[str]:
@@ -174,7 +173,7 @@ class JobMonitor:
     def checkpoint_note(self) -> Optional[str]:
         """A line for a job that wrote checkpoints but completed none, else None."""
         with self._lock:
-            written = sorted({c["step"] for c in self._state.checkpoints if c["step"] is not None})
+            written = sorted({c.step for c in self._state.checkpoints if c.step is not None})
             if not written or self._state.complete_steps():
                 return None
         shown = ", ".join(map(str, written[-5:]))
@@ -184,8 +183,19 @@ class JobMonitor:
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.HangCheck``)."""
         with self._lock:
-            return [dataclasses.replace(s, progress=dataclasses.replace(s.progress))
+            return [dataclasses.replace(s, progress=s.progress.copy())
                     for s in self._state.ranks.values()]
+
+    def ranks_where(self, fact: Callable[[RankRecord], bool]) -> set[int]:
+        """The ranks whose record in this attempt says ``fact`` (initialised, exited...)."""
+        with self._lock:
+            return {r for r, s in self._state.ranks.items() if fact(s.progress)}
+
+    def record(self, rank: int) -> Optional[RankRecord]:
+        """A copy of ``rank``'s record in this attempt; None for a rank not in the job."""
+        with self._lock:
+            state = self._state.ranks.get(rank)
+            return state.progress.copy() if state is not None else None
 
     def close(self, outcome: str, exit_code: int, message: str = "",
               stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict:
@@ -227,13 +237,9 @@ class JobMonitor:
             self._footer.close(status_table(self._job_id, self._state.ranks, now, self._started))
 
 
-def _attempt_text(attempt: Mapping[str, Any]) -> str:
-    cause = attempt.get("cause") or {}
-    who = f" (rank {cause['rank']} on {cause.get('host')})" if cause.get("rank") is not None \
-        else (f" ({cause['process']} on {cause.get('host')})" if cause.get("process") else "")
-    left = attempt.get("left_out") or []
-    without = f" without {', '.join(left)}" if left else ""
-    return f"{attempt['outcome']}{who} after {attempt['duration_s']:.1f} s{without}"
+def _attempt_text(attempt: AttemptEntry) -> str:
+    without = f" without {', '.join(attempt.left_out)}" if attempt.left_out else ""
+    return f"{attempt.outcome}{attempt.who} after {attempt.duration_s or 0.0:.1f} s{without}"
 
 
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
@@ -250,21 +256,11 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
 
 
-def _count(moved: dict[str, Any], size: int, seconds: float) -> None:
-    moved["files"] += 1
-    moved["bytes"] += size
-    moved["seconds"] += seconds
-
-
-def earlier_attempts(log_dir: str) -> list[dict[str, Any]]:
+def earlier_attempts(log_dir: str) -> list[AttemptEntry]:
     """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
     ``launch``: 0 for the first); none when there is none or it cannot be read."""
-    try:
-        with open(os.path.join(log_dir, SUMMARY_FILE)) as f:
-            attempts = json.load(f).get("attempts")
-    except (OSError, ValueError, AttributeError):
-        return []
+    summary = read_json(os.path.join(log_dir, SUMMARY_FILE))
+    attempts = summary.get("attempts") if isinstance(summary, dict) else None
     if not isinstance(attempts, list):
         return []
-    return [{**a, "launch": a.get("launch", 0) if isinstance(a.get("launch"), int) else 0}
-            for a in attempts if isinstance(a, dict)]
+    return [AttemptEntry.from_json(a) for a in attempts if isinstance(a, dict)]

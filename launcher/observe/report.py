@@ -6,7 +6,8 @@ so. The table gives every rank's execution mode and its last held-out accuracy a
 plot shows loss and samples/s per rank over steps, and the held-out accuracy and loss of every
 evaluation, from the step and eval events in ``metrics.jsonl``.
 
-What the files hold is read by ``launcher.observe.job_files``, which names what it skipped.
+What the files hold is read by ``launcher.observe.job_files`` (``metrics.jsonl``'s records by
+``metrics_records``), which names what it skipped.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 import click
 
 from launcher.errors import LaunchError
-from launcher.observe.job_files import JobSummary, RankRow, ReportOptions, read_job, read_records, summary_from_metrics
+from launcher.observe.job_files import JobSummary, RankRow, ReportOptions, read_job
 from launcher.observe.status_display import describe_modes
 from parallel import contract
 from rank_tables.bounded import display_name
 
-__all__ = ["report", "run_report", "read_records", "summary_from_metrics", "step_series",
+__all__ = ["report", "run_report", "step_series",
            "eval_series", "EvalSeries", "Series"]
 
 _MAX_LEGEND_RANKS = 16
@@ -48,12 +49,12 @@ def run_report(options: ReportOptions, out: TextIO) -> None:
     out.write(format_summary(job.summary) + "\n")
     if options.plot_path is None:
         return
-    series = step_series(list(job.records))
+    series = step_series(job.events)
     if not any(s.steps for s in series):
         out.write(f"no step events in {display_name(options.metrics_path)}: no plot\n")
         return
     try:
-        plot_series(series, eval_series(list(job.records)), options.plot_path, _plot_title(job.summary),
+        plot_series(series, eval_series(job.events), options.plot_path, _plot_title(job.summary),
                     options.plot_format)
     except OSError as e:
         raise LaunchError(f"{display_name(options.plot_path)}: cannot write the plot: {e.strerror or e}") from None
@@ -83,29 +84,28 @@ class EvalSeries:
     accuracies: tuple[Optional[float], ...]
 
 
-def step_series(records: list[dict[str, Any]]) -> list[Series]:
-    """Each rank's step events among typed ``records``, in their order."""
+def step_series(events: Sequence[contract.Event]) -> list[Series]:
+    """Each rank's step events among ``events``, in their order."""
     rows: dict[int, list[tuple[int, Optional[float], Optional[float]]]] = {}
     hosts: dict[int, str] = {}
-    for e, step in _events(records, contract.EVENT_STEP):
+    for e, step in _events(events, contract.EVENT_STEP):
         hosts.setdefault(e.rank, e.host)
         rows.setdefault(e.rank, []).append((step, e.loss, e.samples_per_s))
     return [Series(r, hosts[r], *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
 
 
-def eval_series(records: list[dict[str, Any]]) -> list[EvalSeries]:
-    """Each rank's eval events among typed ``records`` that name their step, in their order."""
+def eval_series(events: Sequence[contract.Event]) -> list[EvalSeries]:
+    """Each rank's eval events among ``events`` that name their step, in their order."""
     rows: dict[int, list[tuple[int, Optional[float], Optional[float]]]] = {}
-    for e, step in _events(records, contract.EVENT_EVAL):
+    for e, step in _events(events, contract.EVENT_EVAL):
         rows.setdefault(e.rank, []).append((step, e.loss, e.accuracy))
     return [EvalSeries(r, *map(tuple, zip(*rows[r]))) for r in sorted(rows)]
 
 
-def _events(records: list[dict[str, Any]], kind: str) -> Iterator[tuple[contract.Event, int]]:
-    """The events of ``kind`` among ``records`` that name their step, with the step."""
-    for record in records:
-        event = contract.Event.parse(record)
-        if event is not None and event.kind == kind and event.step is not None:
+def _events(events: Sequence[contract.Event], kind: str) -> Iterator[tuple[contract.Event, int]]:
+    """The events of ``kind`` among ``events`` that name their step, with the step."""
+    for event in events:
+        if event.kind == kind and event.step is not None:
             yield event, event.step
 
 

@@ -20,24 +20,22 @@ pod's environment:
 ``detect`` reads that (only with ``--launcher auto``, only where ``KUBERNETES_SERVICE_HOST``
 says this is a pod); ``node_config`` makes the job a node's share started by hand;
 ``share`` leaves out of the plan what another pod runs (the ascend-operator's scheduler has a
-pod of its own); ``wait_for_rank_table`` waits for the operator's table before anything starts.
+pod of its own); ``launcher.plan.pod_waits`` waits for what the pod needs before anything
+starts.
 The findings and their sources: ``tests/fixtures/pods/README.md``.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
-import json
 import os
 import re
 import socket
-import time
-from typing import Callable, Mapping, Optional, TextIO
+from typing import Mapping, Optional
 
 from launcher.config.launch_config import LaunchConfig
-from launcher.errors import ConfigError, LaunchError
-from launcher.limits import MAX_NODES, MAX_RANK_TABLE_BYTES, MAX_RANKS_PER_NODE, check_path_length, read_at_most, shown
+from launcher.errors import ConfigError
+from launcher.limits import MAX_NODES, MAX_RANKS_PER_NODE, check_path_length, shown
 from launcher.plan.launch_plan import LaunchPlan
 from rank_tables.bounded import whole_number
 
@@ -46,16 +44,12 @@ RANK_TABLE_PATH = "/user/serverid/devindex/config/hccl.json"
 RANK_TABLE_ENV = "NPU_LAUNCH_POD_RANK_TABLE"
 """Another path for the pod's rank table: for tests, and for clusters that mount it elsewhere
 (where it is set, the table is waited for even if its folder does not exist yet)."""
-DEFAULT_RANK_TABLE_TIMEOUT = 300.0
-"""Seconds to wait for ``"completed"`` (MindCluster's own start script polls 60 x 5 s)."""
 KUBERNETES = "KUBERNETES_SERVICE_HOST"
 """Set by the kubelet in every container of every pod."""
-COMPLETED = "completed"
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_:.%\[\]-]{1,253}")
 _ASCEND_KEYS = ("MS_ROLE", "MS_SCHED_HOST", "MS_WORKER_NUM")
 _KUBEFLOW_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-_POLL = 1.0
 
 
 class Operator(str, enum.Enum):
@@ -294,39 +288,6 @@ def _check_options(config: LaunchConfig, pod: Pod) -> None:
                               f"{said} ({pod.describe()}); {turn_off}")
 
 
-def with_master_ip(pod: Pod, timeout: Optional[float], err: TextIO, poll: float = _POLL,
-                   resolve: Callable[[str], str] = socket.gethostbyname,
-                   clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> Pod:
-    """``pod`` with its scheduler's address as an IP: MindSpore's scheduler and workers take
-    no name (2.10: "Parse ip failed"), and Kubeflow's ``MASTER_ADDR`` is the master pod's
-    service name, which resolves only once that pod runs. ``timeout`` bounds the wait (0: no
-    limit; None, for a dry run: asked once, and the name kept if it does not resolve)."""
-    try:
-        ipaddress.ip_address(pod.master_addr)
-        return pod
-    except ValueError:
-        pass
-    start, said = clock(), False
-    while True:
-        try:
-            address = resolve(pod.master_addr)
-            return dataclasses.replace(pod, master_addr=address, master_name=pod.master_addr)
-        except OSError as e:
-            problem = e.strerror or str(e)
-        if timeout is None:
-            return pod
-        if timeout > 0 and clock() - start >= timeout:
-            raise LaunchError(f"{pod.master_variable}={pod.master_addr}: the name does not "
-                              f"resolve after {timeout:g} s ({problem}; --startup-timeout waits "
-                              "longer): nothing was started")
-        if not said:
-            err.write(f"npu-launch: waiting for {pod.master_variable}={pod.master_addr} to "
-                      f"resolve (the scheduler's pod may not run yet): {problem}\n")
-            said = True
-        sleep(poll)
-
-
 def node_config(config: LaunchConfig, pod: Pod) -> LaunchConfig:
     """``config`` as this node's share of a job started by hand, as the pod says it."""
     return dataclasses.replace(config, nnodes=pod.nnodes, node_rank=pod.node_rank or 0,
@@ -344,74 +305,3 @@ def share(plan: LaunchPlan, pod: Pod) -> LaunchPlan:
     if pod.node_rank is None:
         return dataclasses.replace(plan, ranks=(), nnodes=plan.nnodes + 1)
     return plan
-
-
-@dataclasses.dataclass(frozen=True)
-class TableStatus:
-    """What the rank table reads now: ``completed``, or how it is not (for the messages)."""
-
-    completed: bool
-    said: str
-
-
-def table_status(path: str) -> TableStatus:
-    """The rank table's ``status``. A missing file, or one that is not JSON (the operator
-    truncates it, then writes), is one still to come: it says so, and the wait goes on."""
-    try:
-        data = read_at_most(path, MAX_RANK_TABLE_BYTES + 1)
-    except FileNotFoundError:
-        return TableStatus(False, "missing")
-    except OSError as e:
-        return TableStatus(False, f"unreadable ({e.strerror})")
-    if len(data) > MAX_RANK_TABLE_BYTES:
-        return TableStatus(False, f"larger than {MAX_RANK_TABLE_BYTES >> 20} MiB")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return TableStatus(False, "not JSON" if data.strip() else "empty")
-    if not isinstance(doc, dict):
-        return TableStatus(False, "not a JSON object")
-    if "status" not in doc:
-        return TableStatus(False, 'without a "status"')
-    status = doc["status"]
-    return TableStatus(status == COMPLETED, json.dumps(status) if isinstance(status, str)
-                       and len(status) <= 40 else shown(status))
-
-
-def table_wait(pod: Pod, config: LaunchConfig, err: TextIO) -> Optional[Callable[[], None]]:
-    """What to do before this pod's ranks start: wait for its rank table (``--rank-table-timeout``);
-    None where there is none, and for a dry run."""
-    table = pod.rank_table
-    if table is None or config.dry_run:
-        return None
-    given = config.rank_table_timeout
-    timeout = DEFAULT_RANK_TABLE_TIMEOUT if given is None else given
-
-    def wait() -> None:
-        wait_for_rank_table(table, timeout, err)
-    return wait
-
-
-def wait_for_rank_table(path: str, timeout: float, err: TextIO, poll: float = _POLL,
-                        clock: Callable[[], float] = time.monotonic,
-                        sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait until ``path`` reads ``"status": "completed"``; the seconds it took. After
-    ``timeout`` seconds (0: no limit) a ``LaunchError`` names the file and what it read last."""
-    start = clock()
-    status = table_status(path)
-    if status.completed:
-        return 0.0
-    limit = f"up to {timeout:g} s" if timeout > 0 else "without a time limit"
-    err.write(f"npu-launch: waiting for the operator's rank table {path} to read "
-              f"\"status\": \"completed\" (now {status.said}), {limit}\n")
-    err.flush()
-    while not status.completed:
-        if timeout > 0 and clock() - start >= timeout:
-            raise LaunchError(f"rank table {path}: still {status.said} after {timeout:g} s "
-                              "(the operator writes \"completed\" once every pod of the job is "
-                              "placed; --rank-table-timeout waits longer): nothing was started")
-        sleep(poll)
-        status = table_status(path)
-    waited = clock() - start
-    err.write(f"npu-launch: rank table {path} completed after {waited:.1f} s\n")
-    return waited

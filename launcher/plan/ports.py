@@ -1,8 +1,11 @@
-"""Ports for the job's rendezvous (MindSpore's scheduler, ``MASTER_PORT``)."""
+"""Where the ranks meet: the scheduler's address (``MS_SCHED_HOST``, ``MASTER_ADDR``) and port
+(``MASTER_PORT``)."""
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
+from typing import Optional
 
 from launcher.errors import ConfigError
 
@@ -42,3 +45,32 @@ def _is_local(address: str) -> bool:
             return True
         except OSError:
             return False
+
+
+def first_host_address(host: str) -> str:
+    """The address of the job's first host, where the scheduler runs (no ``--master-addr``)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        raise ConfigError(f"cannot resolve {host} (the first host, where the scheduler runs); "
+                          "give --master-addr") from None
+
+
+def master_address(given: Optional[str]) -> tuple[str, str]:
+    """The scheduler's address as MindSpore takes it (an IP: it cannot parse a host name), and
+    the name it was given as ("" for an address). A name is resolved here, once, on node 0 (or
+    on each node of a job started by hand), to its IPv4 address, as msrun resolves
+    ``--master_addr``; every rank then gets that address."""
+    if not given:
+        return "127.0.0.1", ""
+    try:
+        ipaddress.ip_address(given.strip("[]"))
+        return given, ""
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(given), given
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"--master-addr {given}: cannot resolve the name "
+                          f"({getattr(e, 'strerror', None) or e}); give the scheduler host's "
+                          "IP address") from None

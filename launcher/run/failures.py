@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import os
 import signal
 import time
 from typing import Any, Collection, Mapping, Optional, Sequence
 
+from launcher.files import read_json
 from launcher.hangs.stalls import Stall
 from launcher.plan.launch_plan import ProcessSpec
 from launcher.run.output import tail
@@ -45,12 +45,11 @@ class ErrorReport:
     def read(cls, path: str) -> Optional["ErrorReport"]:
         if not path:
             return None
+        data = read_json(path)
         try:
-            with open(path) as f:
-                data = json.load(f)
             return cls(str(data["exception"]), str(data["message"]), str(data["traceback"]),
                        float(data["timestamp"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return None
 
 

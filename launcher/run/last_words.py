@@ -40,9 +40,14 @@ def clear(log_dir: str) -> None:
 class Ranks(Protocol):
     """What node 0 knows of the attempt's ranks (``launcher.attempt.Attempt``)."""
 
-    savers: set[int]
-    """Ranks whose trainer saves on request (``saves_on_stop``)."""
-    exited: set[int]
+    @property
+    def savers(self) -> set[int]:
+        """Ranks whose trainer saves on request (``saves_on_stop``)."""
+
+    @property
+    def exited(self) -> set[int]:
+        """Ranks whose process ended."""
+
     ledger: Optional[CheckpointLedger]
 
 

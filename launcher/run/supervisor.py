@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Mapping, Optional, TextIO
+from typing import Callable, Mapping, Optional, TextIO
 
 from launcher.config.launch_config import ConsoleFilter
+from launcher.files import remove
 from launcher.hangs.hang_limits import Limits
 from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
+from launcher.ranks.record import RankRecord
 from launcher.run.events import EventTail
 from launcher.run.failures import (
     Cause,
@@ -61,18 +63,16 @@ class LocalRanks:
         self._reporter = reporter
         self._by_rank = {s.rank: s for s in self._specs if s.rank is not None}
         self._tails = {rank: EventTail(s.events_path) for rank, s in self._by_rank.items()}
-        self._initialised: set[int] = set()
-        self._in_init: set[int] = set()
-        self._mindspore: set[int] = set()
-        self._main_threads: dict[int, str] = {}
-        self._exited: set[int] = set()
+        self._records = {rank: RankRecord() for rank in self._by_rank}
+        """This node's ranks' records, folded from their events as they arrive (this node's
+        clock) and their exits: what the start-up timeout and ``StallWatch`` read."""
         self._failures: list[Failure] = []
         self._stuck: list[ProcessSpec] = []
         self._stuck_at: dict[int, tuple[str, ...]] = {}
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
         limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
         # Nobody sits at a pdb prompt against a clock (``--debug``).
-        self._stalls = StallWatch(limits) if limits.on and not plan.foreground \
+        self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
             else None
         self._finish = threading.Event()
         self._wake = threading.Event()
@@ -118,7 +118,7 @@ class LocalRanks:
             running = self._running_ranks(group)
             if self._stalls.due(sorted(running), time.time()):
                 self._send_stacks(running)
-        if set(self._by_rank) <= self._exited:
+        if all(r.exited for r in self._records.values()):
             self._announce_ranks_done()
             if self._scheduler_done(group):
                 return Outcome.SUCCEEDED
@@ -147,7 +147,8 @@ class LocalRanks:
         them to node 0 (py-spy's native stacks follow from a thread when they are ready);
         the main threads' samples."""
         paths = {r: self._by_rank[r].stack_path for r in ranks if self._by_rank[r].stack_path}
-        stacks, natives = sample_stacks(ranks, paths, self._main_threads)
+        threads = {rank: r.main_thread for rank, r in self._records.items() if r.main_thread}
+        stacks, natives = sample_stacks(ranks, paths, threads)
         self._report_stacks(stacks)
         self._natives = threading.Thread(target=lambda: self._report_stacks(natives()),
                                          name="native-stacks", daemon=True)
@@ -170,8 +171,8 @@ class LocalRanks:
         if cause is not None:
             return JobResult(outcome, cause.exit_code, describe_failure(cause, job), now,
                              cause.cause())
-        message = describe_stuck(self._stuck, self._in_init, job, self._plan.timeouts.startup,
-                                 self._stuck_at)
+        message = describe_stuck(self._stuck, self._ranks_where(lambda r: r.calling_init), job,
+                                 self._plan.timeouts.startup, self._stuck_at)
         return JobResult(Outcome.STARTUP_TIMEOUT, 1, message, now,
                          Cause(Outcome.STARTUP_TIMEOUT, "rank", host=self._host,
                                ranks=tuple(s.rank for s in self._stuck if s.rank is not None),
@@ -193,9 +194,8 @@ class LocalRanks:
     def _report_exits(self, exits: list[Exit]) -> None:
         for exit_ in exits:
             if exit_.spec.rank is not None:
-                self._exited.add(exit_.spec.rank)
-                self._reporter.event(Event.exited(exit_.spec.rank, exit_.spec.host,
-                                                  exit_.returncode, exit_.time))
+                self._fold(Event.exited(exit_.spec.rank, exit_.spec.host, exit_.returncode,
+                                        exit_.time))
 
     def _announce_ranks_done(self) -> None:
         if not self._ranks_done_sent:
@@ -218,7 +218,7 @@ class LocalRanks:
 
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
         return sorted((s for s in group.running()
-                       if s.rank is not None and s.rank not in self._initialised),
+                       if s.rank is not None and not self._records[s.rank].initialised),
                       key=lambda s: s.rank or 0)  # every spec here has a rank
 
     def _late(self, group: ProcessGroup) -> bool:
@@ -227,23 +227,29 @@ class LocalRanks:
         to initialise (MindSpore's ``init()`` or torch's ``init_process_group``). Ranks that
         use neither (plain Python, torch without communication) have no start-up to time."""
         stuck = {s.rank for s in self._stuck_ranks(group)}
-        return bool(stuck) and bool(self._in_init | self._initialised | (stuck & self._mindspore))
+        began = self._ranks_where(lambda r: r.calling_init or r.initialised)
+        mindspore = self._ranks_where(lambda r: "mindspore" in r.frameworks)
+        return bool(stuck) and bool(began | (stuck & mindspore))
+
+    def _ranks_where(self, fact: Callable[[RankRecord], bool]) -> set[int]:
+        return {rank for rank, r in self._records.items() if fact(r)}
 
     def _read_events(self) -> None:
-        for rank, tail in self._tails.items():
+        for tail in self._tails.values():
             for event in tail.read():
-                if event.kind == contract.EVENT_STARTED and event.main_thread:
-                    self._main_threads[rank] = event.main_thread
-                elif event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore":
-                    self._mindspore.add(rank)
+                if event.kind == contract.EVENT_EXITED:  # only the supervisor knows an exit
+                    self._reporter.event(event)
+                    continue
+                self._fold(event)
+                if event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore":
                     self._start_scheduler()
-                elif event.kind == contract.EVENT_INIT_STARTED:
-                    self._in_init.add(rank)
-                elif event.kind == contract.EVENT_INITIALISED:
-                    self._initialised.add(rank)
-                if self._stalls is not None:
-                    self._stalls.observe(event, time.time())
-                self._reporter.event(event)
+
+    def _fold(self, event: Event) -> None:
+        """Fold one of this node's rank events into its record, then pass it on."""
+        record = self._records.get(event.rank)
+        if record is not None:
+            record.observe(event, time.time())
+        self._reporter.event(event)
 
 
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
@@ -260,8 +266,8 @@ def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, con
 def _remove_stale(spec: ProcessSpec) -> None:
     """Reports of an earlier attempt of this job (a restart) must not end this one."""
     for path in (spec.events_path, spec.error_path, spec.stack_path):
-        if path and os.path.exists(path):
-            os.remove(path)
+        if path:
+            remove(path)
 
 
 def _reported(group: ProcessGroup) -> list[Failure]:
