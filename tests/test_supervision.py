@@ -67,7 +67,8 @@ def test_two_ranks_train_to_identical_parameters(weird_tmp: Path) -> None:
 
 
 def test_failing_rank_is_the_root_cause(weird_tmp: Path) -> None:
-    proc = _launch(weird_tmp, "fail-job", "--fail-rank", "1", "--sleep-after-init", "3600")
+    proc = _launch(weird_tmp, "fail-job", "--fail-rank", "1", "--sleep-after-init", "3600",
+                   "--linger-after-raise", "3600")  # ended by its report, not by its exit
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
     assert "failed: rank 1 on" in err and "raised ValueError" in err
@@ -87,7 +88,8 @@ def test_a_rank_that_ignores_sigterm_is_killed_by_the_teardown(weird_tmp: Path) 
     --kill-timeout, and see it exit so, before the launcher itself exits (the parent-death
     signal would kill it later anyway: the exit recorded in metrics.jsonl tells them apart)."""
     proc = _launch(weird_tmp, "stubborn", "--fail-rank", "1", "--sleep-after-init", "3600",
-                   "--ignore-sigterm", "0", extra=("--kill-timeout", "1"))
+                   "--linger-after-raise", "3600", "--ignore-sigterm", "0",
+                   extra=("--kill-timeout", "1"))
     wait_for(lambda: job_pids("stubborn"), "the job's processes")
     seen = tuple(job_pids("stubborn"))
     out, err = proc.communicate(timeout=300)

@@ -8,6 +8,8 @@ scheduler for ranks that never import MindSpore); "init" is every rank connectin
 step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
 
 --fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
+--linger-after-raise S: the failing rank takes S seconds to exit after its exception is
+reported (MindSpore's finalisation takes about one): the report alone must end the job.
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
 Slurm batch job's first run with --sleep-in-first-run-only (a job to preempt and requeue: Slurm
 sets SLURM_RESTART_COUNT in the requeued run, and the command line stays the same).
@@ -22,6 +24,7 @@ directory; at the step written there it prints ``saves step K`` and exits 0 (it 
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
 """
 import argparse
+import atexit
 import os
 import signal
 import socket
@@ -32,6 +35,7 @@ from parallel.events import emit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--linger-after-raise", type=float, default=0)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
 parser.add_argument("--sleep-in-first-run-only", action="store_true")
@@ -100,6 +104,7 @@ peers = init()
 emit("initialised", exec_mode="graph")
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.fail_rank:
+    atexit.register(time.sleep, args.linger_after_raise)  # runs after the report is written
     raise ValueError(f"boom on rank {rank}")
 if not (args.sleep_in_first_run_only and os.environ.get("SLURM_RESTART_COUNT")):
     time.sleep(args.sleep_after_init)
