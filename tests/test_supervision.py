@@ -115,7 +115,7 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
 
 def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
-                   extra=("--startup-timeout", "20"))
+                   extra=("--startup-timeout", "8"))
     wait_for(lambda: job_pids("hang-job"), "the job's processes")
     seen = tuple(job_pids("hang-job"))
     out, err = proc.communicate(timeout=200)
