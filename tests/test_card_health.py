@@ -172,13 +172,13 @@ def test_a_single_node_with_a_bad_card_starts_nothing(host: dict, weird_tmp: Pat
     assert not (weird_tmp / "logs").exists()
 
 
-@pytest.mark.mindspore
 def test_a_card_still_held_after_the_timeout_stops_the_restart(host: dict,
                                                                 weird_tmp: Path) -> None:
-    """One node, 2 MindSpore ranks on fake cards: rank 1 fails in attempt 0; a stray process
-    took card 1 meanwhile and never lets go: the re-check before the restart waits
-    ``--card-free-timeout`` and stops the job, naming the card, instead of restarting."""
-    script = Path(__file__).parent / "rank_scripts" / "ms_job.py"
+    """One node, 2 ranks on fake cards: rank 1 fails in attempt 0; a stray process took card 1
+    meanwhile and never lets go: the re-check before the restart waits ``--card-free-timeout``
+    and stops the job, naming the card, instead of restarting. The ranks are plain Python
+    (``plain_job.py``): the re-check is the launcher's, whatever the ranks run."""
+    script = Path(__file__).parent / "rank_scripts" / "plain_job.py"
     logs = weird_tmp / "logs"
     proc = subprocess.Popen(npu_launch_argv(
         "--device", "npu", "--max-restarts", "1", "--restart-backoff", "0",

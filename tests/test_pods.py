@@ -257,10 +257,10 @@ def test_the_mounted_table_is_waited_for_only_where_its_folder_is(monkeypatch) -
     assert pods.read_pod({k: v for k, v in env.items() if k != "KUBERNETES_SERVICE_HOST"}) is None
 
 
-@pytest.mark.mindspore
 def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: Path) -> None:
     """A one-node ascend-operator job whose scheduler pod has the cards: the rank starts only
-    once the table reads completed, fails, and the pod ends with its code; no ssh is run."""
+    once the table reads completed, fails, and the pod ends with its code; no ssh is run. The
+    rank is plain Python (``plain_job.py``): the wait is the launcher's."""
     table = weird_tmp / "hccl.json"
     table.write_text('{"status": "initializing"}')
     trap = weird_tmp / "bin"
@@ -269,8 +269,8 @@ def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: 
     (trap / "ssh").chmod(0o755)
     env = pod_env("ascend_scheduler_with_cards", weird_tmp, free_port(), MS_WORKER_NUM="1")
     env["PATH"] = f"{trap}:{env['PATH']}"
-    job = weird_tmp / "ms_job.py"
-    job.write_text((Path(__file__).parent / "rank_scripts" / "ms_job.py").read_text())
+    job = weird_tmp / "plain_job.py"
+    job.write_text((Path(__file__).parent / "rank_scripts" / "plain_job.py").read_text())
 
     def operator() -> None:
         time.sleep(2)
