@@ -14,11 +14,20 @@ What runs without being asked (hooks and one autouse fixture):
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import pytest
-from helpers import launcher_variables, module_marks, rejects_marks
+from helpers import (
+    RANK_SCRIPTS,
+    checksums,
+    launcher_variables,
+    module_marks,
+    rejects_marks,
+    run_launcher,
+    run_torchrun,
+)
 
 CI_SKIP = "skipped under CI=true, where every test must run"
 
@@ -57,6 +66,41 @@ def _mindspore_tests_run_in_a_lone_rank(request: pytest.FixtureRequest) -> None:
     """
     if request.node.get_closest_marker("mindspore") is not None:
         request.getfixturevalue("lone_rank")
+
+
+# Reference results, computed once per test run ---------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ms_job_checksum(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], str]:
+    """``checksum(cards)``: what every rank of ``rank_scripts/ms_job.py --steps 3`` ends with on
+    one node of ``cards`` CPU ranks, run here once per size and test run. It is the reference the
+    engine, pod and multi-host tests compare their ranks with: a data-parallel job trains to the
+    same parameters on 1 node x N ranks as on N nodes x 1 (docs/testing.md)."""
+    known: dict[int, str] = {}
+
+    def checksum(cards: int) -> str:
+        if cards not in known:
+            logs = tmp_path_factory.mktemp(f"ms-job-reference-{cards}") / "logs"
+            result = run_launcher("--device", "cpu", "--cards", str(cards), "--log-dir",
+                                  str(logs), str(RANK_SCRIPTS / "ms_job.py"), "--steps", "3")
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+            sums = checksums(result.stdout)
+            assert len(sums) == cards and len(set(sums.values())) == 1, result.stdout[-2000:]
+            known[cards] = next(iter(sums.values()))
+        return known[cards]
+
+    return checksum
+
+
+@pytest.fixture(scope="session")
+def torchrun_result(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """``rank_scripts/torch_ddp.py`` under torchrun, 2 ranks on this node, once per test run:
+    the reference of the torch tests on one node and on the test hosts."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = run_torchrun(str(RANK_SCRIPTS / "torch_ddp.py"), tmp_path_factory.mktemp("torchrun"),
+                          env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 # CI=true: a skip is a failure ---------------------------------------------------------------------

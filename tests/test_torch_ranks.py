@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, run_torchrun, wait_for
+from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, wait_for
 
 from launcher.stalls import HANG_EXIT_CODE
 
@@ -33,17 +33,6 @@ _ENV = re.compile(r"rank (\d+) env (\{[^{}]*\})")
 def rank_values(output: str, pattern: re.Pattern) -> dict[int, str]:
     """``{rank: value}`` from the lines the DDP script prints (console prefixes ignored)."""
     return {int(m.group(1)): m.group(m.re.groups) for m in pattern.finditer(output)}
-
-
-@pytest.fixture(scope="module")
-def torchrun_result(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
-    """The same script under torchrun, once per test run: the reference."""
-    cwd = tmp_path_factory.mktemp("torchrun")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    result = run_torchrun(DDP, cwd, env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
 
 
 def launch(tmp: Path, job: str, *script_args: str, options: tuple[str, ...] = ()
