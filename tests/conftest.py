@@ -10,6 +10,9 @@ What runs without being asked (hooks and one autouse fixture):
   the product selects, GRAPH).
 * A test module whose ``pytestmark`` carries a mark that the ``-m`` expression rejects is not
   imported at all, so ``-m "not mindspore"`` never imports MindSpore, not even to collect.
+* Under pytest-xdist (``-n N --dist loadgroup``) a test file runs on one worker (its tests may
+  share job ids and module fixtures), and every ``multinode`` test on one worker too: the
+  network namespaces and Slurm's controller are shared by the whole machine.
 """
 from __future__ import annotations
 
@@ -135,6 +138,16 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     report = yield
     _fail_if_ci(report)
     return report
+
+
+# pytest-xdist: one worker per file, one worker for every multi-node test ------------------------
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.has_plugin("xdist"):
+        return
+    for item in items:
+        group = "multinode" if item.get_closest_marker("multinode") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # -m: a module whose marks the expression rejects is not imported ----------------------------------

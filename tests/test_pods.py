@@ -16,8 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import GOLDEN, assert_one_line_error, run_launcher
+from helpers import GOLDEN, assert_one_line_error, run_launcher, wait_for
 from helpers import assert_golden as golden
 
 from launcher import pods
@@ -273,6 +274,10 @@ def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: 
     job.write_text((Path(__file__).parent / "rank_scripts" / "plain_job.py").read_text())
 
     def operator() -> None:
+        # 2 s after the launcher started (not after the test did): under load its start-up
+        # alone can take that long, and a table completed before it looks is not waited for.
+        wait_for(lambda: any("podfail" in (p.info["cmdline"] or []) for p in
+                             psutil.process_iter(["cmdline"])), "the launcher of the pod's job")
         time.sleep(2)
         table.write_text('{"status": "completed", "server_count": "1", "server_list": []}')
         completed.append(time.time())
