@@ -114,8 +114,8 @@ def parse_trees(specs: list[str]) -> dict[str, Optional[Path]]:
     for spec in specs:
         name, _, directory = spec.rpartition("=")
         path = Path(directory).resolve()
-        if not (path / "launcher" / "cli.py").is_file():
-            raise SystemExit(f"--trees {spec}: no launcher/cli.py in {path}")
+        if not any((path / "launcher" / cli).is_file() for cli in ("cli.py", "cli/main.py")):
+            raise SystemExit(f"--trees {spec}: no launcher/cli.py or launcher/cli/main.py in {path}")
         trees[name or path.name] = path
     return trees or {"npu-launch": None}
 

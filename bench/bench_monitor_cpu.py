@@ -34,10 +34,10 @@ from typing import Optional, TextIO
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.events import EventTail  # noqa: E402
-from launcher.hang_limits import Limits  # noqa: E402
-from launcher.monitor import JobMonitor  # noqa: E402
-from launcher.stalls import HangCheck  # noqa: E402
+from launcher.hangs.hang_limits import Limits  # noqa: E402
+from launcher.hangs.stalls import HangCheck  # noqa: E402
+from launcher.observe.monitor import JobMonitor  # noqa: E402
+from launcher.run.events import EventTail  # noqa: E402
 
 EMITTER = """\
 import sys, time

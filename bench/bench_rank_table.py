@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from launcher.rank_table_cluster import ClusterConfig, cluster_table
+from launcher.cli.rank_table_cluster import ClusterConfig, cluster_table
 from rank_tables.ascend import AscendHost
 from rank_tables.generate import GenerateConfig, generate_server
 from rank_tables.merge import merge_tables

@@ -249,7 +249,7 @@ class Bench:
         ssh = [c for c in launcher.children() if c.name() == "ssh"]
         run.threads, run.fds, run.ssh_clients = launcher.num_threads(), launcher.num_fds(), len(ssh)
         run.pss_mib = sum(p.memory_full_info().pss for p in [launcher, *ssh]) / 2 ** 20
-        began = [c.create_time() - t0 for c in ssh if "launcher.agent" in " ".join(c.cmdline())]
+        began = [c.create_time() - t0 for c in ssh if "launcher.cluster.agent" in " ".join(c.cmdline())]
         run.agents_first, run.agents_last = min(began), max(began)
 
 

@@ -1,25 +1,26 @@
 """One attempt of the job as node 0 sees it: the ``watch.Reporter`` that carries every rank's
 events to the monitor, the checkpoint ledger, the hang check and node 0's copies of the ranks'
-stacks, and knows which ranks initialised, stepped and exited (``Attempts`` holds what outlives
-an attempt: the monitor, the ledger, the hang check)."""
+stacks. Which ranks initialised, stepped and exited it reads from the ranks' records, folded
+once by the monitor (``launcher.ranks.RankRecord``). ``Attempts`` holds what outlives an
+attempt: the monitor, the ledger, the hang check."""
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Mapping, Optional, Sequence
 
-from launcher.checkpoints import CheckpointLedger
-from launcher.failures import JobResult, Outcome, stall_cause
-from launcher.frameworks import FrameworkNote
-from launcher.monitor import JobMonitor
-from launcher.plan import LaunchPlan
-from launcher.restarts import (
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.config.frameworks import FrameworkNote
+from launcher.files import write_if_changed
+from launcher.hangs.stack_samples import StackSample, native_path
+from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
+from launcher.observe.monitor import JobMonitor
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.run.failures import JobResult, Outcome, stall_cause
+from launcher.run.restarts import (
     FailurePoint,
 )
-from launcher.stack_samples import StackSample, native_path
-from launcher.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from parallel import contract
 from parallel.contract import Event
 
@@ -43,9 +44,9 @@ class Attempts:
 class Attempt:
     """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
     monitor, checkpoint events to the ledger, stack samples to the hang check and to node 0's
-    copy of the rank's stack file; which ranks initialised is remembered; ``tick`` redraws the
-    display and says whether the job hangs; ``blame`` names a stalled rank as the root cause
-    of a failure it caused."""
+    copy of the rank's stack file; what each rank did in this attempt is its record, read from
+    the monitor; ``tick`` redraws the display and says whether the job hangs; ``blame`` names a
+    stalled rank as the root cause of a failure it caused."""
 
     def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
                  ledger: Optional[CheckpointLedger] = None,
@@ -57,13 +58,6 @@ class Attempt:
         self.ledger = ledger
         self._stack_paths = stack_paths or {}
         self._frameworks = frameworks
-        self.initialised: set[int] = set()
-        self.calling_init: set[int] = set()
-        self.steps: dict[int, int] = {}
-        """Each rank's last trainer step in this attempt."""
-        self.exited: set[int] = set()
-        self.savers: set[int] = set()
-        """Ranks whose trainer saves a checkpoint when asked to stop (``saves_on_stop``)."""
         self.log_every = 1
         self.step_times: list[tuple[float, int]] = []
         """(when it arrived, step) of the last few step events, for the pace of steps."""
@@ -72,11 +66,7 @@ class Attempt:
             hangs.begin_attempt()
 
     def event(self, event: Event) -> None:
-        if event.kind == contract.EVENT_INITIALISED:
-            self.initialised.add(event.rank)
-        elif event.kind == contract.EVENT_INIT_STARTED:
-            self.calling_init.add(event.rank)
-        elif event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
+        if event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
             self.ledger.record(event)
         elif event.kind == contract.EVENT_STACK:
             self._keep_stack(event)
@@ -84,8 +74,6 @@ class Attempt:
             self._frameworks.see(event)
         elif event.kind == contract.EVENT_STEP and event.step is not None:
             self._stepped(event, event.step)
-        elif event.kind == contract.EVENT_EXITED:
-            self.exited.add(event.rank)
         self.monitor.on_event(event)
 
     def ranks_done(self, node_rank: int) -> None:
@@ -95,17 +83,21 @@ class Attempt:
         self.monitor.tick()
         return self.hangs() if self.hangs is not None else None
 
+    @property
+    def exited(self) -> set[int]:
+        """The ranks whose process ended in this attempt."""
+        return self.monitor.ranks_where(lambda r: r.exited)
+
     def all_of(self, plan: LaunchPlan) -> bool:
-        return {spec.rank for spec in plan.ranks} <= self.initialised
+        """Whether every rank of ``plan`` initialised communication in this attempt."""
+        return {spec.rank for spec in plan.ranks} <= self.monitor.ranks_where(lambda r: r.initialised)
 
     def all_called_init(self, plan: LaunchPlan) -> bool:
-        return {spec.rank for spec in plan.ranks} <= self.calling_init | self.initialised
+        """Whether every rank of ``plan`` called ``init()`` (or finished it) in this attempt."""
+        called = self.monitor.ranks_where(lambda r: r.calling_init or r.initialised)
+        return {spec.rank for spec in plan.ranks} <= called
 
     def _stepped(self, event: Event, step: int) -> None:
-        self.steps[event.rank] = step
-        saves = event.record.get("saves_on_stop")
-        if isinstance(saves, bool):  # said in a fit's first step event
-            (self.savers.add if saves else self.savers.discard)(event.rank)
         every = event.record.get("log_every")
         if isinstance(every, int) and every > 0:
             self.log_every = every
@@ -115,22 +107,23 @@ class Attempt:
         """The step every rank of ``ranks`` can still reach and save, when all of them save on
         a stop request: past the newest step reported, by the steps between two reports and
         by a second's worth of steps (events arrive late), plus one."""
-        if not ranks or not set(ranks) <= self.savers:
+        if not ranks or not set(ranks) <= self.monitor.ranks_where(lambda r: bool(r.saves_on_stop)):
             return None
+        steps = [r.step for rank in ranks if (r := self.monitor.record(rank)) and r.step is not None]
         (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]
         per_second = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
-        return max(self.steps.values()) + self.log_every + math.ceil(per_second) + 1
+        return max(steps) + self.log_every + math.ceil(per_second) + 1
 
     def failure_point(self, result: JobResult) -> FailurePoint:
         """Where this attempt failed (its root-cause rank's last step, else its progress
         count), why, and the newest complete checkpoint now."""
         rank = result.cause.rank if result.cause else None
+        record = self.monitor.record(rank) if rank is not None else None
         where: Optional[tuple[str, int]] = None
-        if rank is not None and rank in self.steps:
-            where = ("step", self.steps[rank])
-        elif rank is not None:
-            counts = {s.rank: s.progress.count for s in self.monitor.rank_states()}
-            where = ("count", counts[rank]) if counts.get(rank) else None
+        if record is not None and record.step is not None:
+            where = ("step", record.step)
+        elif record is not None and record.count:
+            where = ("count", record.count)
         resume = self.ledger.resume_point() if self.ledger is not None else None
         return FailurePoint.of(result, where, resume.step if resume else None)
 
@@ -166,19 +159,7 @@ class Attempt:
             for target, field in ((path, "text"), (native_path(path), "native")):
                 text = event.record.get(field)
                 if isinstance(text, str) and text:
-                    _write_if_changed(target, text)
-
-
-def _write_if_changed(path: str, text: str) -> None:
-    try:
-        with open(path, errors="replace") as f:
-            if f.read(len(text) + 1) == text:
-                return
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+                    write_if_changed(target, text)
 
 
 def _stack_paths(plan: LaunchPlan) -> dict[int, str]:

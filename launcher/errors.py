@@ -1,4 +1,4 @@
-"""Errors people read. Only ``launcher.cli`` turns them into an exit."""
+"""Errors people read. Only ``launcher.cli.main`` turns them into an exit."""
 from __future__ import annotations
 
 import click

@@ -8,35 +8,34 @@ line, exit 2) and nothing has started or been created.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import io
-import ipaddress
 import os
 import secrets
 import socket
-import time
 from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher import limits, pods, ports
-from launcher.backends import Backend, LauncherKind, TransportOptions, choose_kind
-from launcher.backends.mpi import MpiBackend
-from launcher.backends.slurm import SlurmBackend
-from launcher.backends.ssh import SshBackend
-from launcher.backends.ssh_mux import SshMasters
-from launcher.binding import bind_node
-from launcher.card_checks import check_here, judge_at_start
-from launcher.collect import launcher_node
-from launcher.config import LaunchConfig, check_environment
-from launcher.devices import Card, DeviceKind, find_cards, resolve_kind
-from launcher.envfile import forwarded_env
-from launcher.errors import ConfigError, LaunchError
-from launcher.hostfile import HostSelection, read_hostfile, select_hosts
-from launcher.joblock import check_log_dir
-from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, build_plan
-from launcher.preflight import HostCheck, launch_files, render, run_preflight
-from launcher.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
-from launcher.workdir_sync import LaunchDir, sync_stale_hosts
+from launcher import limits
+from launcher.cluster.backends import Backend, LauncherKind, TransportOptions, choose_kind
+from launcher.cluster.backends.mpi import MpiBackend
+from launcher.cluster.backends.slurm import SlurmBackend
+from launcher.cluster.backends.ssh import SshBackend
+from launcher.cluster.backends.ssh_mux import SshMasters
+from launcher.cluster.card_checks import check_here
+from launcher.cluster.collect import launcher_node
+from launcher.cluster.job_preflight import preflight_hosts
+from launcher.config.devices import Card, DeviceKind, find_cards, resolve_kind
+from launcher.config.envfile import forwarded_env
+from launcher.config.hostfile import HostSelection, read_hostfile, select_hosts
+from launcher.config.launch_config import LaunchConfig, check_environment
+from launcher.errors import ConfigError
+from launcher.observe.joblock import check_log_dir
+from launcher.plan import pod_waits, pods, ports
+from launcher.plan.host_binding import bind_node
+from launcher.plan.job_id import batch_job_id, new_job_id
+from launcher.plan.launch_plan import LaunchPlan, Node, RankAssignment
+from launcher.plan.planner import PlanInputs, build_plan
+from launcher.plan.rank_table_mode import AUTO, GENERATED_NAME, load_or_generate, local_candidates, node_share
 from parallel import contract
 from rank_tables.table import RankTable
 
@@ -53,7 +52,7 @@ class Job:
     before_start: Optional[Callable[[], None]] = None
     """Done once every check passed, before anything starts (``--sync-workdir``'s copy)."""
     pod: Optional[pods.Pod] = None
-    """The operator's Kubernetes pod this node's share runs in (``launcher.pods``)."""
+    """The operator's Kubernetes pod this node's share runs in (``launcher.plan.pods``)."""
     without: Optional[Callable[[str], "Job"]] = None
     """``--min-nodes``: this job without one of its hosts (its ranks renumbered, the same job
     id, log directory and secret); ``ConfigError`` when the layout no longer fits."""
@@ -139,7 +138,7 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
     node_rank = config.node_rank or 0
     host = socket.gethostname()
     nodes = tuple(Node(host if i == node_rank else f"node{i}", i, cards) for i in range(nnodes))
-    master_addr, name = master_address(config.master_addr)
+    master_addr, name = ports.master_address(config.master_addr)
     port = _master_port(config, master_addr, check=node_rank == 0)
     plan = _plan(config, environ, nodes, device, master_addr, port, {})
     return Job(dataclasses.replace(plan, master_name=name), None, node_rank)
@@ -147,10 +146,10 @@ def _local_job(config: LaunchConfig, environ: Mapping[str, str], err: TextIO) ->
 
 def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, notes: TextIO,
              err: TextIO) -> Job:
-    """This pod's share of the job its operator placed (``launcher.pods``), as by hand; the
+    """This pod's share of the job its operator placed (``launcher.plan.pods``), as by hand; the
     scheduler's port is checked only where it runs, and the ranks wait for the operator's
     rank table (``before_start``)."""
-    pod = pods.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
+    pod = pod_waits.with_master_ip(pod, None if config.dry_run else config.startup_timeout, err)
     if not config.dry_run or config.json:  # a dry run's plan starts with it
         notes.write(f"npu-launch: detected: {pod.describe()}\n")
     if pod.node_rank is None:  # the scheduler's own pod: it needs no cards
@@ -164,7 +163,7 @@ def _pod_job(config: LaunchConfig, environ: Mapping[str, str], pod: pods.Pod, no
     port = _master_port(config, pod.master_addr, check=pod.hosts_scheduler)
     plan = pods.share(_plan(config, environ, nodes, device, pod.master_addr, port, {}), pod)
     plan = dataclasses.replace(plan, master_name=pod.master_name)
-    return Job(plan, None, here, before_start=pods.table_wait(pod, config, err), pod=pod)
+    return Job(plan, None, here, before_start=pod_waits.table_wait(pod, config, err), pod=pod)
 
 
 def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
@@ -175,7 +174,7 @@ def _rank_table_job(config: LaunchConfig, environ: Mapping[str, str]) -> Job:
                        "this host")
     nodes = (Node(socket.gethostname(), 0, share.cards),)
     layout = TableLayout({0: share.assignments}, table.rank_count, config.rank_table or "")
-    master_addr, name = master_address(config.master_addr)
+    master_addr, name = ports.master_address(config.master_addr)
     plan = dataclasses.replace(_plan(config, environ, nodes, device, master_addr, 0, {}, layout),
                                master_name=name)
     generated = table if config.rank_table == AUTO else None
@@ -193,12 +192,12 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
                                masters if kind is LauncherKind.SSH else None)
     hosts = _selected_hosts(config, kind, environ, options)
     _check_min_nodes(config, len(hosts))
-    given = master_address(config.master_addr) if config.master_addr else None
+    given = ports.master_address(config.master_addr) if config.master_addr else None
     port = config.master_port or ports.free_port("")
     device = resolve_kind(DeviceKind(config.device), find_cards(environ))
     sync = None
     if kind is not LauncherKind.SLURM and config.preflight:
-        device, sync, hosts = _preflight(config, hosts, options, device, port, err)
+        device, sync, hosts = preflight_hosts(config, hosts, options, device, port, err)
     extra = forwarded_env(environ, config.workdir)
 
     def on(kept: list[HostSelection], like: Optional[LaunchPlan] = None) -> Job:
@@ -206,7 +205,7 @@ def _cluster_job(config: LaunchConfig, kind: LauncherKind, environ: Mapping[str,
         nodes = tuple(Node(h.host, i, _host_cards(config, h, device), h.user)
                       for i, h in enumerate(kept))
         master_addr, name = given if given and like is None \
-            else (_address_of(kept[0].host), kept[0].host)
+            else (ports.first_host_address(kept[0].host), kept[0].host)
         told = {**extra, contract.PLANNED_WORLD: str(like.planned_world)} if like else extra
         plan = _plan(config, environ, nodes, device, master_addr, port, told, agents=True,
                      launcher_node=launcher_node([h.host for h in kept]), same_as=like)
@@ -254,58 +253,6 @@ def _slurm(config: LaunchConfig, environ: Mapping[str, str],
     return SlurmBackend(environ, config.cards or 1, config.nnodes, options)
 
 
-def _preflight(config: LaunchConfig, hosts: list[HostSelection], options: TransportOptions,
-               device: DeviceKind, port: int, err: TextIO
-               ) -> tuple[DeviceKind, Optional[Callable[[], None]], list[HostSelection]]:
-    """The device the hosts have, once every host passed; with ``--sync-workdir`` and
-    hosts that lack the launch directory or differ, the copy to make (and check) once the rest
-    of the job is known to be good: a refused job changes no host; and the hosts the job runs
-    on (``--min-nodes`` leaves out those with a bad card, ``card_checks.judge_at_start``)."""
-    workdir = os.path.abspath(config.workdir or ".")
-    files = launch_files(workdir, config.script, config.script_args)
-
-    def check() -> list[HostCheck]:
-        return run_preflight(hosts, options, workdir, DeviceKind(config.device), port, files,
-                             config.cards)
-
-    source = LaunchDir.of(workdir, config.log_dir) if config.sync_workdir else None
-    if source is not None:
-        source.measure()  # over the cap: refused before any host is asked
-    checks = check()
-    verdict = judge_at_start(checks, config.min_nodes)
-    err.writelines(note + "\n" for note in verdict.notes)
-    hosts = [h for h in hosts if h.host not in verdict.left_out]
-    checks = [c for c in checks if c.host not in verdict.left_out]
-    sync = None
-    if source is not None:
-        judged = sync_stale_hosts(source, hosts, checks, options, check,
-                                  err if config.dry_run else io.StringIO(), dry_run=True)
-        if not config.dry_run and judged != checks:
-            sync = functools.partial(_sync_then_check, source, hosts, checks, options, check, err)
-        checks = judged
-    _require_passed(checks, err)
-    if DeviceKind(config.device) is DeviceKind.AUTO:
-        # A host that lacked the launch directory (copied once the job is good) said nothing
-        # of its cards: the others speak for it.
-        known = [c.facts.get("cards", 0) for c in checks if c.facts is not None]
-        with_cards = bool(known) and all(cards > 0 for cards in known)
-        return (DeviceKind.NPU if with_cards else DeviceKind.CPU), sync, hosts
-    return device, sync, hosts
-
-
-def _sync_then_check(source: LaunchDir, hosts: list[HostSelection], checks: list[HostCheck],
-                     options: TransportOptions, check: Callable[[], list[HostCheck]],
-                     err: TextIO) -> None:
-    _require_passed(sync_stale_hosts(source, hosts, checks, options, check, err), err)
-
-
-def _require_passed(checks: list[HostCheck], err: TextIO) -> None:
-    failed = [c.host for c in checks if not c.ok]
-    if failed:
-        err.write(render(checks) + "\n")
-        raise LaunchError(f"preflight failed on {', '.join(failed)}: nothing was started")
-
-
 def _host_cards(config: LaunchConfig, host: HostSelection, device: DeviceKind) -> tuple[Card, ...]:
     count = config.cards or len(host.cards)
     if count > len(host.cards):
@@ -313,34 +260,6 @@ def _host_cards(config: LaunchConfig, host: HostSelection, device: DeviceKind) -
                           f"in {config.hostfile}")
     ids = host.cards[:count] if device is DeviceKind.NPU else tuple(range(count))
     return tuple(Card(i, i) for i in ids)
-
-
-def _address_of(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        raise ConfigError(f"cannot resolve {host} (the first host, where the scheduler runs); "
-                          "give --master-addr") from None
-
-
-def master_address(given: Optional[str]) -> tuple[str, str]:
-    """The scheduler's address as MindSpore takes it (an IP: it cannot parse a host name), and
-    the name it was given as ("" for an address). A name is resolved here, once, on node 0 (or
-    on each node of a job started by hand), to its IPv4 address, as msrun resolves
-    ``--master_addr``; every rank then gets that address."""
-    if not given:
-        return "127.0.0.1", ""
-    try:
-        ipaddress.ip_address(given.strip("[]"))
-        return given, ""
-    except ValueError:
-        pass
-    try:
-        return socket.gethostbyname(given), given
-    except (OSError, UnicodeError) as e:
-        raise ConfigError(f"--master-addr {given}: cannot resolve the name "
-                          f"({getattr(e, 'strerror', None) or e}); give the scheduler host's "
-                          "IP address") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,7 +281,8 @@ def _plan(config: LaunchConfig, environ: Mapping[str, str], nodes: tuple[Node, .
     config.console.check_world(world)
     parallel = config.parallel.validate(world, len(nodes))
     extra = {**extra, contract.PARALLEL: parallel.to_json()}
-    job_id = same_as.job_id if same_as else config.job_id or new_job_id()
+    job_id = same_as.job_id if same_as else config.job_id \
+        or batch_job_id(environ, config.script, config.script_args) or new_job_id()
     log_dir = same_as.log_dir if same_as else \
         os.path.abspath(config.log_dir or os.path.join("npu_launch_logs", job_id))
     table_path = table.path if table else None
@@ -405,11 +325,6 @@ def _master_port(config: LaunchConfig, master_addr: str, check: bool) -> int:
     if check:
         ports.require_free(master_addr, config.master_port)
     return config.master_port
-
-
-def new_job_id() -> str:
-    """Sortable and unique enough across one cluster: ``20261130-101500-3fa2``."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def boot_dir() -> str:

@@ -1,8 +1,8 @@
 """``npu-launch SCRIPT``: the short story of a job. ``launcher.job.make_job`` turns the checked
 config into a plan (or ``--dry-run`` prints it); the job runs, one ``launcher.attempt.Attempt``
-per try, restarted as ``launcher.restarts`` decides; ``summary.json`` is written last.
+per try, restarted as ``launcher.run.restarts`` decides; ``summary.json`` is written last.
 
-One node: the watch loop (``launcher.watch``) runs the plan's ranks here
+One node: the watch loop (``launcher.run.watch``) runs the plan's ranks here
 (``supervisor.run_local``). Several nodes: a backend (ssh, Slurm, OpenMPI) names the hosts,
 preflight checks them, and the same loop runs one node agent per host (``cluster.run_agents``).
 By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun. Either way
@@ -14,30 +14,33 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
-from launcher.agent import payload_for
+from launcher import files
 from launcher.attempt import Attempt, Attempts
-from launcher.backends.ssh_mux import SshMasters
-from launcher.card_checks import recheck_before_restart
-from launcher.checkpoints import CheckpointLedger, ResumePoint
-from launcher.cluster import run_agents
-from launcher.collect import mark_storage
-from launcher.config import LaunchConfig
+from launcher.checkpoints.ledger import CheckpointLedger, ResumePoint
+from launcher.cluster import control
+from launcher.cluster.agent import payload_for
+from launcher.cluster.backends.ssh_mux import SshMasters
+from launcher.cluster.card_checks import recheck_before_restart
+from launcher.cluster.collect import mark_storage
+from launcher.cluster.node_agents import run_agents
+from launcher.cluster.payload import serving
+from launcher.config.frameworks import FrameworkNote, mindspore_only
+from launcher.config.launch_config import LaunchConfig
 from launcher.console_lines import RankLines
 from launcher.errors import ConfigError
-from launcher.events import prepare_dirs
-from launcher.failures import Cause, JobResult, Outcome
-from launcher.frameworks import FrameworkNote, mindspore_only
-from launcher.hang_limits import Learnt, Limits
+from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.stalls import HangCheck
 from launcher.job import Job, make_job
-from launcher.joblock import LogDirLock
-from launcher.monitor import JobMonitor
-from launcher.output import Console
-from launcher.payload import serving
-from launcher.plan import LaunchPlan
-from launcher.rank_table_mode import GENERATED_NAME
-from launcher.restarts import (
+from launcher.observe.joblock import LogDirLock
+from launcher.observe.monitor import JobMonitor
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.rank_table_mode import GENERATED_NAME
+from launcher.run.events import prepare_dirs
+from launcher.run.failures import Cause, JobResult, Outcome
+from launcher.run.output import Console
+from launcher.run.restarts import (
     BLAMED_IN_A_ROW,
     AttemptRecord,
     FailurePoint,
@@ -48,9 +51,8 @@ from launcher.restarts import (
     shrink_problem,
     stop_restarting,
 )
-from launcher.stalls import HangCheck
-from launcher.supervisor import print_message, run_local
-from launcher.watch import wait_unless_signalled
+from launcher.run.supervisor import print_message, run_local
+from launcher.run.watch import wait_unless_signalled
 from parallel import contract
 from parallel.contract import BadInput
 from parallel.manifest import atomic_write_bytes
@@ -59,7 +61,7 @@ from parallel.manifest import atomic_write_bytes
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """Plan the job; print the plan (``--dry-run``) or run it. Returns the exit code. One ssh
     handshake per host: preflight's control masters carry the agents too, and end with the
-    launch however it ends (``launcher.backends.ssh_mux``)."""
+    launch however it ends (``launcher.cluster.backends.ssh_mux``)."""
     with SshMasters() as masters:
         job = make_job(config, environ, err, masters)
         if config.dry_run:
@@ -113,7 +115,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                       console: Console, attempts: "Attempts", err: TextIO) -> JobResult:
     """Run the job; after a failure or a hang that came once every rank had started (not an
     import error or a bad argument, which would fail again), start it anew, up to
-    ``--max-restarts`` times in all, waiting the backoff first (``launcher.restarts``). The
+    ``--max-restarts`` times in all, waiting the backoff first (``launcher.run.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
     a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
@@ -149,7 +151,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                   f"{f' in {waited:g} s' if waited else ''} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
         bad = recheck_before_restart(plan, job.backend, blamed[-1], config.card_free_timeout,
-                                     environ, err)  # launcher.card_checks
+                                     environ, err)  # launcher.cluster.card_checks
         job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
                                        policy, attempts, err, bad.why if bad else None)
         if bad is not None and gone is None:
@@ -178,7 +180,7 @@ def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
     (None: every host stays). A host leaves when ``restarts.host_to_leave_out`` names it and
     the job can go on without it: the layout still fits and the global batch splits over the
     ranks left; else the attempt runs on every host again, and one line says why. ``why``:
-    the reason to tell instead of the failures (a bad card, ``launcher.card_checks``)."""
+    the reason to tell instead of the failures (a bad card, ``launcher.cluster.card_checks``)."""
     plan, ledger = job.plan, attempts.ledger
     resume = ledger.resume_point()
     host = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
@@ -249,7 +251,7 @@ def _own_log_dir(job: Job) -> str:
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
             attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
     plan = job.plan
-    _clear_stop_request(plan.log_dir)  # an earlier launch's must not stop this one
+    files.remove(os.path.join(plan.log_dir, contract.STOP_REQUEST_FILE))  # an earlier launch's
     if job.generated_table is not None:
         prepare_dirs(plan.log_dir)
         with open(os.path.join(plan.log_dir, GENERATED_NAME), "w") as f:
@@ -270,7 +272,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         agents = job.backend.agent_launches(plan, payload, served)
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
-        return run_agents(plan, agents, config.console, environ, console, attempt)
+        return run_agents(plan, agents, config.console, environ, console, attempt,
+                          on_stop=lambda send: StopRequest(plan, attempt, err, send))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,11 +281,14 @@ class StopRequest:
     """On a stop signal to a job run here: when every rank's trainer saves on request
     (``saves_on_stop``), the step they all save and stop at goes into the log directory
     (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
-    else they are stopped at once, as before."""
+    else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
+    node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),
+    which writes it into its own host's log directory."""
 
     plan: LaunchPlan
     attempt: "Attempt"
     err: Optional[TextIO] = None
+    send: Optional[Callable[[bytes], None]] = None
 
     def __call__(self, signum: int) -> float:
         step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
@@ -292,7 +298,10 @@ class StopRequest:
         try:
             atomic_write_bytes(path, f"{step}\n".encode())
         except OSError:
-            return 0.0
+            if self.send is None:
+                return 0.0
+        if self.send is not None:
+            self.send(control.save_line(step))
         if self.err is not None:
             self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
                            f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
@@ -302,13 +311,6 @@ class StopRequest:
 
     def ranks_stopped(self) -> bool:
         return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
-
-
-def _clear_stop_request(log_dir: str) -> None:
-    try:
-        os.remove(os.path.join(log_dir, contract.STOP_REQUEST_FILE))
-    except OSError:
-        pass
 
 
 def _write_plan(plan: LaunchPlan) -> None:

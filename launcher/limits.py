@@ -40,7 +40,7 @@ MAX_TIMEOUT = 7 * 24 * 3600.0
 """Seconds: the longest timeout that is not a typo (a week)."""
 MAX_RESTARTS = 1000
 DEFAULT_FANOUT = 32
-"""``--fanout``: ssh connections node 0 sets up at once (``launcher.fanout``)."""
+"""``--fanout``: ssh connections node 0 sets up at once (``launcher.cluster.fanout``)."""
 MAX_FANOUT = MAX_NODES
 MAX_CPU_ID = 8191
 """``--bind-cores``: the highest core number (Linux numbers at most 8192 CPUs, NR_CPUS)."""

@@ -86,7 +86,7 @@ JOB_ID = "NPU_LAUNCH_JOB_ID"
 RESUME_STEP = "NPU_LAUNCH_RESUME_STEP"
 """Set on a restart of a multi-node job: the complete step the trainer resumes from."""
 PAYLOAD_KEY = "NPU_LAUNCH_PAYLOAD_KEY"
-"""srun/mpirun agents only: the key that gets the plan from the launcher (``launcher.payload``)."""
+"""srun/mpirun agents only: the key that gets the plan from the launcher (``launcher.cluster.payload``)."""
 TOKEN = "NPU_LAUNCH_TOKEN"
 """A secret drawn for each launch (attempt): teardown sweeps stragglers by it and the node rank,
 never by the user-visible job id or by command name, so no launch signals a process it did not
@@ -167,7 +167,7 @@ EVENT_STARTED = "started"
 EVENT_FRAMEWORK = "framework"
 """Sent once per framework by the rank hook as the rank begins importing it: ``name`` (one of
 ``FRAMEWORKS``). A ``mindspore`` one from a rank of the scheduler's host starts MindSpore's
-scheduler (``launcher.supervisor``): a job whose ranks never import MindSpore runs none."""
+scheduler (``launcher.run.supervisor``): a job whose ranks never import MindSpore runs none."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
 """Sent once by a rank, by the rank hook, when MindSpore's communication ``init()`` returns;
@@ -199,7 +199,7 @@ EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
 EVENT_FIRST_STEP = "first-step"
 """Sent once by the rank hook when the main thread's first top-level Cell call returns: the end
-of the first step (graph compilation), for the start-up breakdown (``launcher.startup``)."""
+of the first step (graph compilation), for the start-up breakdown (``launcher.observe.startup``)."""
 EVENT_PROGRESS = "progress"
 """The rank hook's view of training progress (``parallel.progress``), sent at most twice a second
 and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
@@ -210,7 +210,7 @@ SECTION_SAVE = "save"
 SECTION_EVAL = "eval"
 EVENT_STACK = "stack"
 """Not sent by the rank: its supervisor's sample of the rank's stacks when the rank went silent
-(``launcher.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
+(``launcher.hangs.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
 thread, as faulthandler wrote it) and ``native`` (py-spy's native stacks, when it is installed;
 they may follow in a second event with no frames)."""
 EVENT_EXITED = "exited"
@@ -305,7 +305,7 @@ SUMMARY_FILE = "summary.json"
 EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
 EVENT_ATTEMPT = "attempt"
-"""Written by the monitor as each attempt of the job ends (``launcher.restarts.AttemptRecord``):
+"""Written by the monitor as each attempt of the job ends (``launcher.run.restarts.AttemptRecord``):
 ``attempt``, ``started_at``, ``ended_at``, ``duration_s``, ``outcome``, ``exit_code``, ``cause``,
 ``resumed_from``, ``nodes``, ``world_size``, ``waited_s``, ``left_out``."""
 

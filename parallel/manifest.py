@@ -3,7 +3,7 @@ writes every file of a checkpoint goes through.
 
 Both sides read these: the trainer writes and loads manifests (``parallel.checkpoint``), and
 node 0's launcher builds the job-wide one from the ranks' checkpoint events
-(``launcher.checkpoints``). Standard library only.
+(``launcher.checkpoints.ledger``). Standard library only.
 """
 from __future__ import annotations
 

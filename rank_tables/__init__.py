@@ -4,6 +4,6 @@ Modules: ``table`` (the ``RankTable`` value and ``load_rank_table``), ``validate
 each with its JSON path), ``generate`` (one server from this host's devices), ``merge``,
 ``ascend`` (reading devices and device IPs from the host), ``show``, ``bounded`` (reading files
 and JSON within bounds) and ``errors``. The ``rank-table`` commands live in the launcher
-(``launcher.rank_table_cli``), which sits above this library. Nothing is imported here, so
+(``launcher.cli.rank_table``), which sits above this library. Nothing is imported here, so
 ``import rank_tables`` stays free.
 """

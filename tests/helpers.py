@@ -30,7 +30,7 @@ from parallel import contract
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 
 if TYPE_CHECKING:
-    from launcher.monitor import JobMonitor
+    from launcher.observe.monitor import JobMonitor
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"

@@ -1,6 +1,6 @@
 """Every message npu-launch may print after ``npu-launch: error:``, found in the source.
 
-A refusal is an exception of one of ``ERROR_CLASSES`` (``launcher.cli.main`` prints each as
+A refusal is an exception of one of ``ERROR_CLASSES`` (``launcher.cli.main.main`` prints each as
 ``npu-launch: error: MESSAGE``, exit 2), a rank-table ``Fault`` (its third argument; ``validate``
 lists them as ``JSON.path: message``), or a click parameter type's ``self.fail(...)``. Each call's
 message is read as a template: its literal text, with ``PLACEHOLDER`` wherever an f-string puts a

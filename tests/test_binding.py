@@ -1,4 +1,4 @@
-"""Core and NUMA binding as planned (``launcher.binding``): CPU lists, the even split, the
+"""Core and NUMA binding as planned (``launcher.plan.binding``): CPU lists, the even split, the
 cards' CPU affinity from ``npu-smi info -t topo`` (the fake prints a recorded 910B3 capture,
 ``tests/fixtures/ascend/README.md``), what ``--dry-run`` and ``plan.json`` show, what a node
 agent finds on its own host, and bad values refused in one line before anything starts.
@@ -16,12 +16,15 @@ from pathlib import Path
 import pytest
 from helpers import ASCEND_FIXTURES, RANK_SCRIPTS, assert_one_line_error, fake_ascend_env, run_launcher
 
-from launcher import binding
-from launcher.binding import Binding, HostCores, bind_node, format_cpu_list, parse_cpu_list, read_topo, resolve, split
-from launcher.config import LaunchConfig
-from launcher.devices import Card, DeviceKind
+from launcher.config.cpu_list import format_cpu_list, parse_cpu_list
+from launcher.config.devices import Card, DeviceKind
+from launcher.config.launch_config import LaunchConfig
 from launcher.errors import ConfigError
-from launcher.plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan import binding
+from launcher.plan.binding import Binding, HostCores, read_topo, resolve, split
+from launcher.plan.host_binding import bind_node
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import PlanInputs, build_plan
 
 SCRIPT = str(RANK_SCRIPTS / "affinity.py")
 TOPO = (ASCEND_FIXTURES / "a2_host" / "topo.txt").read_text()

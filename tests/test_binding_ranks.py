@@ -24,7 +24,8 @@ from helpers import (
     worker_pid,
 )
 
-from launcher.binding import format_cpu_list, split
+from launcher.config.cpu_list import format_cpu_list
+from launcher.plan.binding import split
 
 # The affinity ranks are plain Python: no MindSpore scheduler runs for them; the one MindSpore
 # job below shows that the scheduler it needs is left unbound.

@@ -1,4 +1,4 @@
-"""Card health (``launcher.card_health``, ``launcher.card_checks``) on this machine, with the
+"""Card health (``launcher.cluster.card_health``, ``launcher.cluster.card_checks``) on this machine, with the
 fake driver tools of ``tests/fixtures/ascend_tools`` (recorded real output) and real processes
 holding the fake device nodes."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, fake_devfs, initialised, npu_launch_argv, run_launcher, wait_for
 
-from launcher.card_checks import judge_at_start, skipped_note
-from launcher.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
+from launcher.cluster.card_checks import judge_at_start, skipped_note
+from launcher.cluster.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
+from launcher.cluster.preflight import HostCheck
 from launcher.errors import LaunchError
-from launcher.preflight import HostCheck
 
 TOOLS = Path(__file__).parent / "fixtures" / "ascend_tools"
 RECORDED = (TOOLS / "npu-smi-info.txt").read_text()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoints import CheckpointLedger, MissingCheckpoint, place_for_resume
-from launcher.payload import Upload
+from launcher.checkpoints.ledger import CheckpointLedger, MissingCheckpoint, place_for_resume
+from launcher.checkpoints.uploads import Upload
 from parallel.contract import Event
 from parallel.manifest import MANIFEST, Manifest
 
@@ -112,7 +112,7 @@ def test_without_a_replica_a_missing_file_is_one_line_naming_rank_step_and_host(
         "and node 0 has no copy to stand in for it")
 
 
-# Node 0's collected copies (launcher.collect sends them; launcher.payload receives them) ------
+# Node 0's collected copies (launcher.cluster.collect sends them; launcher.cluster.payload receives them) ------
 
 def _collect(ledger: CheckpointLedger, rank: int, step: int, data: bytes) -> Path:
     """What the payload server does with a checked upload: stage it, hand it to the ledger."""

@@ -42,7 +42,7 @@ from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main, run_command
+from launcher.cli.main import main, run_command
 
 EXAMPLES = int(os.environ.get("NPU_LAUNCH_PROPERTY_EXAMPLES", "60"))
 MEMORY_BOUND = 1 << 30

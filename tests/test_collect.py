@@ -1,4 +1,4 @@
-"""How agents send node 0 the checkpoint files it collects (``launcher.collect``): which ranks
+"""How agents send node 0 the checkpoint files it collects (``launcher.cluster.collect``): which ranks
 the plan names, how an agent knows it shares the launcher's storage, and the sending thread.
 
 Real files, real sockets on loopback and a real ledger behind a real payload server; the
@@ -19,16 +19,18 @@ from typing import Optional
 import pytest
 from helpers import run_launcher
 
-from launcher import control
-from launcher.agent import ControlReporter, NodeZero, _uploader
-from launcher.checkpoints import CheckpointLedger
-from launcher.collect import STORAGE_MARKER, Uploader, launcher_node, mark_storage, shares_storage, upload_of
-from launcher.config import LaunchConfig
-from launcher.devices import Card, DeviceKind
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.uploads import Upload
+from launcher.cluster import control
+from launcher.cluster.agent import ControlReporter, NodeZero, _uploader
+from launcher.cluster.collect import STORAGE_MARKER, Uploader, launcher_node, mark_storage, shares_storage, upload_of
+from launcher.cluster.payload import serving
+from launcher.config.devices import Card, DeviceKind
+from launcher.config.launch_config import LaunchConfig
 from launcher.errors import LaunchError
-from launcher.output import Console
-from launcher.payload import Upload, serving
-from launcher.plan import LaunchPlan, Node, PlanInputs, build_plan
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import PlanInputs, build_plan
+from launcher.run.output import Console
 from parallel.contract import Event
 
 

@@ -19,10 +19,11 @@ from typing import Optional
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, checksums, run_launcher
 
-from launcher.config import LaunchConfig
-from launcher.devices import Card, DeviceKind
-from launcher.events import prepare_dirs
-from launcher.plan import COMPILE_CACHE, LaunchPlan, Node, PlanInputs, build_plan
+from launcher.config.devices import Card, DeviceKind
+from launcher.config.launch_config import LaunchConfig
+from launcher.plan.launch_plan import LaunchPlan, Node
+from launcher.plan.planner import COMPILE_CACHE, PlanInputs, build_plan
+from launcher.run.events import prepare_dirs
 from parallel import contract
 
 JOB = str(RANK_SCRIPTS / "compiled_steps.py")

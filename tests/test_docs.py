@@ -19,8 +19,8 @@ import yaml
 from click.testing import CliRunner
 from helpers import REPO
 
-from launcher import cli_help
-from launcher.cli import cli
+from launcher.cli import help_groups as cli_help
+from launcher.cli.main import cli
 from parallel import contract
 
 DOCS = REPO / "docs"
@@ -182,7 +182,7 @@ def test_help_groups_every_option_and_shows_defaults() -> None:
     run = cli.commands["run"]
     stray = [p.opts for p in run.params if isinstance(p, click.Option)
              and cli_help.group_of(p) == cli_help.OTHER_OPTIONS]
-    assert stray == [], "give these options a group in launcher/cli_help.py"
+    assert stray == [], "give these options a group in launcher/cli/help_groups.py"
     grouped = [n for _, names in cli_help.OPTION_GROUPS for n in names]
     assert len(grouped) == len(set(grouped))
     hangs = text[text.index("\nHangs:\n"):text.index("\nLogs and console:\n")]

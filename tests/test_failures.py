@@ -1,12 +1,12 @@
-"""Which failure is the root cause (``launcher.failures``), in-process: the earliest, by the
+"""Which failure is the root cause (``launcher.run.failures``), in-process: the earliest, by the
 time the rank reported its exception, else the time its process ended; the block names it."""
 from __future__ import annotations
 
 import signal
 from typing import Optional
 
-from launcher.failures import ErrorReport, Failure, describe_failure, root_cause
-from launcher.plan import ProcessSpec, Role
+from launcher.plan.launch_plan import ProcessSpec, Role
+from launcher.run.failures import ErrorReport, Failure, describe_failure, root_cause
 
 
 def _failure(rank: int, at: float, returncode: Optional[int] = 1,

@@ -18,17 +18,18 @@ from typing import Optional
 import pytest
 from helpers import assert_one_line_error, run_launcher, wait_for
 
-from launcher.backends.common import agent_spec
-from launcher.cluster import AgentLaunch, run_agents
-from launcher.config import ConsoleFilter, LaunchConfig
-from launcher.devices import Card, DeviceKind
-from launcher.events import prepare_dirs
-from launcher.failures import Outcome
-from launcher.fanout import Admission, open_files_needed, raise_open_files, workers
-from launcher.output import Console
-from launcher.plan import LaunchPlan, Node, PlanInputs, ProcessSpec, Role, build_plan
-from launcher.process import ProcessGroup
-from launcher.stalls import Stall
+from launcher.cluster.backends.common import agent_spec
+from launcher.cluster.fanout import Admission, open_files_needed, raise_open_files, workers
+from launcher.cluster.node_agents import AgentLaunch, run_agents
+from launcher.config.devices import Card, DeviceKind
+from launcher.config.launch_config import ConsoleFilter, LaunchConfig
+from launcher.hangs.stalls import Stall
+from launcher.plan.launch_plan import LaunchPlan, Node, ProcessSpec, Role
+from launcher.plan.planner import PlanInputs, build_plan
+from launcher.run.events import prepare_dirs
+from launcher.run.failures import Outcome
+from launcher.run.output import Console
+from launcher.run.process import ProcessGroup
 from parallel.contract import Event
 
 PIPE_BYTES = 1 << 20
@@ -37,7 +38,7 @@ PIPE_BYTES = 1 << 20
 # A node agent stand-in: marks when it began and when it said it runs, then behaves as told.
 AGENT = """
 import os, sys, time
-from launcher import control
+from launcher.cluster import control
 log, node, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 def mark(word):
@@ -174,7 +175,7 @@ def test_node_0_may_hold_a_descriptor_per_pipe_and_log_of_every_agent() -> None:
     assert soft >= 64 or soft == -1
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == before, "a limit above the need stays"
     # Raised, in a process of its own whose soft limit starts low: to the need, within the hard.
-    code = ("import resource; from launcher.fanout import raise_open_files\n"
+    code = ("import resource; from launcher.cluster.fanout import raise_open_files\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))\n"
             "got = raise_open_files(1000)\n"

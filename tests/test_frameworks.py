@@ -1,11 +1,11 @@
 """The one-line note for a torch job given options that only MindSpore ranks apply
-(``launcher.frameworks``), in-process."""
+(``launcher.config.frameworks``), in-process."""
 from __future__ import annotations
 
 import io
 
-from launcher.config import LaunchConfig
-from launcher.frameworks import FrameworkNote, mindspore_only
+from launcher.config.frameworks import FrameworkNote, mindspore_only
+from launcher.config.launch_config import LaunchConfig
 from parallel import contract
 from parallel.config import ParallelConfig
 from parallel.contract import Event

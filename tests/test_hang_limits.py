@@ -1,4 +1,4 @@
-"""Hang limits learnt from the job (``launcher.hang_limits.Limits``), end to end: with no
+"""Hang limits learnt from the job (``launcher.hangs.hang_limits.Limits``), end to end: with no
 ``--hang-timeout`` a hang in a job of sub-second steps is named by the learnt limit, which the
 message names; a rank that saves or evaluates alone for long, or a slow first compilation, is
 no hang. The ranks are plain Python reporting the contract's events themselves
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, TESTS, assert_no_job_processes, run_launcher
 
-from launcher.restarts import NO_PROGRESS_EXIT_CODE
-from launcher.stalls import HANG_EXIT_CODE
+from launcher.hangs.stalls import HANG_EXIT_CODE
+from launcher.run.restarts import NO_PROGRESS_EXIT_CODE
 
 PACED = str(TESTS / "plain_scripts" / "paced_ranks.py")
 CPU = ("--device", "cpu", "--cards", "2")

@@ -22,7 +22,7 @@ from typing import Optional
 import pytest
 from helpers import TESTS, assert_no_job_processes, checksums, job_pids, npu_launch_argv, run_launcher, wait_for
 
-from launcher.stalls import HANG_EXIT_CODE
+from launcher.hangs.stalls import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.mindspore
 PLAIN = str(TESTS / "plain_scripts" / "plain_loop.py")

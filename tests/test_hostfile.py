@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.hostfile import HostEntry, HostSelection, read_hostfile, select_hosts
 from launcher.errors import ConfigError, HostfileError, LaunchError
-from launcher.hostfile import HostEntry, HostSelection, read_hostfile, select_hosts
 
 
 def write(directory: Path, text: str) -> Path:

@@ -16,11 +16,18 @@ from typing import Callable
 import pytest
 from helpers import assert_one_line_error, npu_launch_argv
 
-from launcher.backends import TransportOptions
-from launcher.backends.mpi import MpiBackend
-from launcher.backends.ssh import SshBackend, split_ssh_options, ssh_argv
+from launcher.cluster.backends import TransportOptions
+from launcher.cluster.backends.mpi import MpiBackend
+from launcher.cluster.backends.ssh import SshBackend, split_ssh_options, ssh_argv
+from launcher.config.hostfile import (
+    HostEntry,
+    HostSelection,
+    check_host_name,
+    parse_hostfile,
+    read_hostfile,
+    select_hosts,
+)
 from launcher.errors import ConfigError, HostfileError
-from launcher.hostfile import HostEntry, HostSelection, check_host_name, parse_hostfile, read_hostfile, select_hosts
 from launcher.limits import MAX_FILE_BYTES, MAX_NODES, MAX_RANKS_PER_NODE
 
 LONGEST_MESSAGE = 400

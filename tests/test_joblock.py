@@ -1,4 +1,4 @@
-"""One live job per log directory (``launcher.joblock``), in-process and across a process.
+"""One live job per log directory (``launcher.observe.joblock``), in-process and across a process.
 
 The lock is the kernel's ``flock``: a second holder is refused naming the live one's pid, a
 released or dead holder frees it, and a log directory that cannot be made is refused first."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.joblock import LOCK_NAME, LogDirLock, check_log_dir
+from launcher.observe.joblock import LOCK_NAME, LogDirLock, check_log_dir
 
 
 def test_a_second_lock_is_refused_naming_the_holder_and_free_once_released(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_a_second_lock_is_refused_naming_the_holder_and_free_once_released(tmp_p
 
 
 def test_a_dead_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
-    code = ("import sys; from launcher.joblock import LogDirLock; "
+    code = ("import sys; from launcher.observe.joblock import LogDirLock; "
             "LogDirLock(sys.argv[1], 'j').acquire(); print('held', flush=True); "
             "import os; os._exit(9)")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,

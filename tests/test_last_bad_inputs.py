@@ -20,12 +20,13 @@ import click
 import pytest
 from helpers import assert_one_line_error, npu_launch_argv, run_launcher
 
-from launcher import limits, msrun_compat
-from launcher.cli import msrun_config, run_option_arity
+from launcher import limits
+from launcher.cli.main import msrun_config, run_option_arity
+from launcher.cluster.workdir_sync import LaunchDir
+from launcher.config import msrun_args
 from launcher.errors import LaunchError
-from launcher.failures import last_lines_block
 from launcher.job import make_job
-from launcher.workdir_sync import LaunchDir
+from launcher.run.failures import last_lines_block
 
 MARKER = "import os\nopen('ran-' + str(os.getpid()), 'w').close()\n"
 CPU = ("--device", "cpu")
@@ -379,7 +380,7 @@ def test_an_msrun_master_addr_name_is_resolved_as_msrun_does(tmp_path: Path,
     with socket.socket() as free:  # msrun's default 8118 may be another test's
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])
-    parsed = msrun_compat.parse(("--worker_num", "1", "--local_worker_num", "1", "--master_addr",
+    parsed = msrun_args.parse(("--worker_num", "1", "--local_worker_num", "1", "--master_addr",
                                  "localhost", "--master_port", port, _script(tmp_path)),
                                 run_option_arity())
     config, _ = msrun_config(parsed)

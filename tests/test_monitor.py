@@ -19,13 +19,13 @@ from typing import Optional
 import pytest
 from helpers import REPO, exited, feed, wait_for
 
-from launcher.checkpoints import CheckpointLedger
-from launcher.events import EventTail
-from launcher.failures import Outcome
-from launcher.hang_limits import Limits
-from launcher.monitor import JobMonitor
-from launcher.stalls import HangCheck, Stall, describe_stall
-from launcher.status_display import table_height
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.hangs.hang_limits import Limits
+from launcher.hangs.stalls import HangCheck, Stall, describe_stall
+from launcher.observe.monitor import JobMonitor
+from launcher.observe.status_display import table_height
+from launcher.run.events import EventTail
+from launcher.run.failures import Outcome
 from parallel import contract
 from parallel.contract import EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
 
@@ -499,7 +499,7 @@ def test_rank_lines_scroll_above_the_table_in_a_real_terminal(weird_tmp: Path) -
     script = weird_tmp / "show.py"
     script.write_text(textwrap.dedent("""\
         import sys, time
-        from launcher.monitor import JobMonitor
+        from launcher.observe.monitor import JobMonitor
         from parallel.contract import Event
         m = JobMonitor(sys.argv[1], "tmux-job", {0: "a", 1: "a"}, sys.stdout, live=True,
                        clock=iter(range(0, 1000, 2)).__next__)
@@ -632,8 +632,8 @@ def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
 def test_a_launch_into_an_earlier_jobs_directory_continues_its_history(weird_tmp: Path) -> None:
     """The same command run again (a resume after a stop) keeps summary.json's attempts and
     metrics.jsonl's records of the earlier launch and adds its own after them."""
-    from launcher.failures import JobResult, Outcome
-    from launcher.restarts import AttemptRecord
+    from launcher.run.failures import JobResult, Outcome
+    from launcher.run.restarts import AttemptRecord
     from parallel.contract import Event
     stopped = JobResult(Outcome.INTERRUPTED, 143, "stopped", 20.0)
     for launch, (result, step) in enumerate(((stopped, 30), (JobResult(Outcome.SUCCEEDED, 0,

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
 
-from launcher import cli, msrun_compat
-from launcher.config import LaunchConfig
+from launcher.cli import main as cli
+from launcher.config import msrun_args, msrun_compat
+from launcher.config.launch_config import LaunchConfig
 
 JOB = str(RANK_SCRIPTS / "ms_job.py")
 
 
 def job(*words: str) -> tuple[LaunchConfig, msrun_compat.Translation]:
-    return cli.msrun_config(msrun_compat.parse(words, cli.run_option_arity()))
+    return cli.msrun_config(msrun_args.parse(words, cli.run_option_arity()))
 
 
 def run_args(*words: str) -> tuple[str, ...]:
@@ -46,20 +47,20 @@ def test_msruns_defaults_apply_where_an_option_is_not_given() -> None:
 ])
 def test_both_spellings_of_a_value_read_alike(option: str, value: str) -> None:
     base = ("--worker_num=4", "--local_worker_num=2", "--node_rank=0")
-    joined = msrun_compat.parse((*base, f"{option}={value}", JOB), cli.run_option_arity())
-    apart = msrun_compat.parse((*base, option, value, JOB), cli.run_option_arity())
+    joined = msrun_args.parse((*base, f"{option}={value}", JOB), cli.run_option_arity())
+    apart = msrun_args.parse((*base, option, value, JOB), cli.run_option_arity())
     assert joined == apart
     assert (joined.script, joined.script_args) == (JOB, ())
 
 
 @pytest.mark.parametrize("text, value", [("True", True), ("False", False), ("1", True), ("0", False)])
 def test_join_takes_what_msruns_literal_eval_takes(text: str, value: bool) -> None:
-    assert msrun_compat.parse((f"--join={text}", JOB), {}).join is value
+    assert msrun_args.parse((f"--join={text}", JOB), {}).join is value
 
 
 def test_the_script_may_follow_python_or_a_double_dash_and_keeps_its_own_options() -> None:
     for words in (("python", JOB), ("python3", JOB), ("--", JOB), (JOB,)):
-        parsed = msrun_compat.parse(("--worker_num=1", *words, "--steps", "2", "--worker_num=9"), {})
+        parsed = msrun_args.parse(("--worker_num=1", *words, "--steps", "2", "--worker_num=9"), {})
         assert (parsed.script, parsed.script_args, parsed.worker_num) == (
             JOB, ("--steps", "2", "--worker_num=9"), 1)
 

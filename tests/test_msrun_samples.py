@@ -25,8 +25,9 @@ import pytest
 from helpers import GOLDEN, RANK_SCRIPTS, TESTS, checksums, npu_launch_argv
 from helpers import assert_golden as golden
 
-from launcher import cli, msrun_compat
-from launcher.config import LaunchConfig
+from launcher.cli import main as cli
+from launcher.config import msrun_args, msrun_compat
+from launcher.config.launch_config import LaunchConfig
 from launcher.errors import ConfigError
 
 SAMPLES = TESTS / "fixtures" / "msrun_samples"
@@ -62,7 +63,7 @@ def with_values(words: list[str], script: list[str], **values: str) -> list[str]
 
 
 def translated(words: list[str]) -> tuple[LaunchConfig, msrun_compat.Translation]:
-    return cli.msrun_config(msrun_compat.parse(words, cli.run_option_arity()))
+    return cli.msrun_config(msrun_args.parse(words, cli.run_option_arity()))
 
 
 SAMPLE_NAMES = sorted(p.name for p in SAMPLES.glob("*.sh"))

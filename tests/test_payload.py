@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoints import CheckpointLedger
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.uploads import Upload
+from launcher.cluster.payload import SCHEME, fetch, serving, upload_file
 from launcher.errors import LaunchError
-from launcher.payload import SCHEME, Upload, fetch, serving, upload_file
 from parallel.contract import Event
 
 PAYLOAD = b'{"plan": "x"}\n' * 50_000  # 700 kB: more than one send
@@ -82,7 +83,7 @@ def test_no_launcher_is_one_line_after_the_timeout() -> None:
             fetch(f"{SCHEME}127.0.0.1:{port}", "k", timeout=0.5)
 
 
-# Uploads: checkpoint files agents send node 0's ledger (launcher.collect) ---------------------
+# Uploads: checkpoint files agents send node 0's ledger (launcher.cluster.collect) ---------------------
 
 def _ledger(log_dir: Path, collected: list) -> CheckpointLedger:
     """Node 0's ledger of a 2-rank sliced job that collects rank 1's files."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.config import LaunchConfig
-from launcher.devices import Card, DeviceKind
-from launcher.plan import LaunchPlan, Node, PlanInputs, RankAssignment, Role, StartMode, build_plan
+from launcher.config.devices import Card, DeviceKind
+from launcher.config.launch_config import LaunchConfig
+from launcher.plan.launch_plan import LaunchPlan, Node, RankAssignment, Role, StartMode
+from launcher.plan.planner import PlanInputs, build_plan
 
 
 def _config(tmp: Path, **kw) -> LaunchConfig:

@@ -1,4 +1,4 @@
-"""npu-launch in an operator's Kubernetes pod (``launcher/pods.py``): what it detects from each
+"""npu-launch in an operator's Kubernetes pod (``launcher/plan/pods.py``): what it detects from each
 operator's environment (``tests/fixtures/pods``, golden files in ``tests/golden/pods``), the
 environments and options it refuses in one line, and the wait for the operator's rank table.
 
@@ -21,8 +21,8 @@ import pytest
 from helpers import GOLDEN, assert_one_line_error, run_launcher, wait_for
 from helpers import assert_golden as golden
 
-from launcher import pods
 from launcher.errors import LaunchError
+from launcher.plan import pod_waits, pods
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pods"
 PODS_GOLDEN = GOLDEN / "pods"
@@ -193,7 +193,7 @@ def test_wait_goes_on_through_missing_cut_and_initializing_tables_until_complete
     thread = threading.Thread(target=operator)
     err = io.StringIO()
     thread.start()
-    waited = pods.wait_for_rank_table(str(table), 30, err, poll=0.02)
+    waited = pod_waits.wait_for_rank_table(str(table), 30, err, poll=0.02)
     returned = time.monotonic()
     thread.join()
     assert returned >= written['{"status": "completed", '], "returned before the table was completed"
@@ -208,7 +208,7 @@ def test_a_completed_table_is_not_waited_for(tmp_path: Path) -> None:
     table = tmp_path / "hccl.json"
     table.write_text('{"status": "completed"}')
     err = io.StringIO()
-    assert pods.wait_for_rank_table(str(table), 5, err) == 0.0
+    assert pod_waits.wait_for_rank_table(str(table), 5, err) == 0.0
     assert err.getvalue() == ""
 
 
@@ -224,7 +224,7 @@ def test_the_last_status_is_named_when_the_wait_runs_out(text, said: str,
         table.write_text(text)
     clock = iter(range(0, 1000, 2))
     with pytest.raises(LaunchError) as caught:
-        pods.wait_for_rank_table(str(table), 10, io.StringIO(), clock=lambda: float(next(clock)),
+        pod_waits.wait_for_rank_table(str(table), 10, io.StringIO(), clock=lambda: float(next(clock)),
                                  sleep=lambda s: None)
     assert caught.value.message.startswith(f"rank table {table}: still {said} after 10 s")
 
@@ -314,7 +314,7 @@ def test_a_master_name_is_resolved_and_waited_for(tmp_path: Path) -> None:
         return answer
 
     err = io.StringIO()
-    found = pods.with_master_ip(pod, 30, err, poll=0.0, resolve=resolve)
+    found = pod_waits.with_master_ip(pod, 30, err, poll=0.0, resolve=resolve)
     assert (found.master_addr, found.master_name) == ("10.244.1.7", "job-master-0")
     assert "scheduler 10.244.1.7:23456 (job-master-0) on node 0" in found.describe()
     assert err.getvalue() == ("npu-launch: waiting for MASTER_ADDR=job-master-0 to resolve (the "
@@ -323,12 +323,12 @@ def test_a_master_name_is_resolved_and_waited_for(tmp_path: Path) -> None:
     def never(name: str) -> str:
         raise OSError(-2, "Name or service not known")
 
-    assert pods.with_master_ip(pod, None, err, resolve=never) == pod  # a dry run asks once
+    assert pod_waits.with_master_ip(pod, None, err, resolve=never) == pod  # a dry run asks once
     clock = iter(range(0, 100, 5))
     with pytest.raises(LaunchError) as caught:
-        pods.with_master_ip(pod, 10, io.StringIO(), resolve=never, sleep=lambda s: None,
+        pod_waits.with_master_ip(pod, 10, io.StringIO(), resolve=never, sleep=lambda s: None,
                             clock=lambda: float(next(clock)))
     assert caught.value.message.startswith("MASTER_ADDR=job-master-0: the name does not resolve "
                                            "after 10 s (Name or service not known;")
     ip_pod = pods.read_pod({**env, "MASTER_ADDR": "10.0.0.9"})
-    assert pods.with_master_ip(ip_pod, 10, err, resolve=never) == ip_pod
+    assert pod_waits.with_master_ip(ip_pod, 10, err, resolve=never) == ip_pod

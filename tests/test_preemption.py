@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, assert_no_job_processes, npu_launch_argv, run_launcher, wait_for
 
 from launcher.attempt import Attempt
-from launcher.monitor import JobMonitor
+from launcher.observe.monitor import JobMonitor
 from parallel.contract import Event
 
 MAIN = str(REPO / "scripts" / "train_digits.py")

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_launcher
 
-from launcher import probe, workdir_sync
-from launcher.backends import TransportOptions
+from launcher.cluster import probe, workdir_sync
+from launcher.cluster.backends import TransportOptions
+from launcher.cluster.preflight import MAX_COMPARED_FILES, HostCheck, files_problem, launch_files, render
+from launcher.cluster.probe import FileFact
+from launcher.cluster.workdir_sync import LaunchDir, sync_stale_hosts, unpack_argv
+from launcher.config.hostfile import HostSelection
 from launcher.errors import LaunchError
-from launcher.hostfile import HostSelection
-from launcher.preflight import MAX_COMPARED_FILES, HostCheck, files_problem, launch_files, render
-from launcher.probe import FileFact
-from launcher.workdir_sync import LaunchDir, sync_stale_hosts, unpack_argv
 
 
 def _sha(data: bytes) -> str:

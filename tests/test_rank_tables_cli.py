@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from helpers import ASCEND_FIXTURES, REPO, fake_ascend_env
 from helpers import RANK_TABLE_EXAMPLES as EXAMPLES
 
-from launcher.rank_table_cli import rank_table
+from launcher.cli.rank_table import rank_table
 
 A2_CONF = ASCEND_FIXTURES / "a2_host" / "hccn.conf"
 
@@ -144,7 +144,7 @@ def test_generate_default_output_file_in_the_working_directory(weird_tmp: Path, 
 
 
 def run_module(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.rank_table_cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "launcher.cli.rank_table", *map(str, args)], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, **(env or {})}, check=False)
 
 
@@ -165,7 +165,7 @@ def test_the_module_runs_as_a_program(weird_tmp: Path) -> None:
 
 
 def test_importing_every_module_does_nothing_and_never_loads_mindspore() -> None:
-    names = ["rank_tables", "launcher.hostfile"] + [f"rank_tables.{p.stem}" for p in (REPO / "rank_tables").glob("*.py")
+    names = ["rank_tables", "launcher.config.hostfile"] + [f"rank_tables.{p.stem}" for p in (REPO / "rank_tables").glob("*.py")
                                                    if p.stem != "__init__"]
     code = (f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\n"
             "print('mindspore' in sys.modules)")

@@ -16,7 +16,7 @@ from helpers import ASCEND_FIXTURES as FIXTURES
 from helpers import GOLDEN, RANK_TABLE_EXAMPLES, fake_ascend_env
 from helpers import assert_golden as golden
 
-from launcher.rank_table_cli import rank_table
+from launcher.cli.rank_table import rank_table
 from rank_tables.validate import validate
 
 

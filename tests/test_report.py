@@ -12,8 +12,10 @@ import numpy as np
 from click.testing import CliRunner
 from helpers import exited, feed
 
-from launcher.monitor import JobMonitor
-from launcher.report import EvalSeries, eval_series, read_records, report, summary_from_metrics
+from launcher.observe.job_files import summary_from_metrics
+from launcher.observe.metrics_records import events_of, read_records
+from launcher.observe.monitor import JobMonitor
+from launcher.observe.report import EvalSeries, eval_series, report
 from parallel import contract
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
 
@@ -123,7 +125,7 @@ def test_eval_series_per_rank_and_the_held_out_panel(weird_tmp: Path) -> None:
     for name in ("with", "without"):
         (weird_tmp / name).mkdir()
         write_job(weird_tmp / name, evals=name == "with")
-    series = eval_series(list(read_records(str(weird_tmp / "with" / METRICS_FILE))))
+    series = eval_series(events_of(read_records(str(weird_tmp / "with" / METRICS_FILE))))
     assert series[2] == EvalSeries(2, (20, 40), (1.0, 0.25), (0.52, 0.92))
     assert [s.rank for s in series] == [0, 1, 2]
 
@@ -179,7 +181,7 @@ def test_bad_log_dirs_are_one_line_errors_exit_2(weird_tmp: Path) -> None:
 
 
 def test_importing_report_does_not_import_matplotlib() -> None:
-    code = "import sys, launcher.report; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    code = "import sys, launcher.observe.report; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

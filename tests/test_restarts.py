@@ -1,4 +1,4 @@
-"""Restarts counted per job (``launcher.restarts``): the budget, the backoff between attempts, a
+"""Restarts counted per job (``launcher.run.restarts``): the budget, the backoff between attempts, a
 hang restarted like a failure, a stop signal while waiting, each attempt in summary.json; and
 the pure parts of leaving a host out (``--min-nodes``: which host, the checkpoint reshaped for
 fewer ranks, the global batch kept). Leaving a real host out is tested on two private hosts in
@@ -23,11 +23,11 @@ from helpers import (
     wait_for,
 )
 
-from launcher.checkpoints import CheckpointLedger, ResumePoint
-from launcher.failures import Cause, JobResult, Outcome
-from launcher.job_files import ReportOptions
-from launcher.report import run_report
-from launcher.restarts import Policy, blamed_host, host_to_leave_out, shrink_problem
+from launcher.checkpoints.ledger import CheckpointLedger, ResumePoint
+from launcher.observe.job_files import ReportOptions
+from launcher.observe.report import run_report
+from launcher.run.failures import Cause, JobResult, Outcome
+from launcher.run.restarts import Policy, blamed_host, host_to_leave_out, shrink_problem
 from parallel import contract
 from parallel.contract import Event
 from parallel.manifest import DataPosition, Manifest, RankFile
@@ -241,7 +241,7 @@ def _failed_rank(rank: int, exception: str = "RuntimeError") -> JobResult:
 
 
 def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_newer() -> None:
-    from launcher.restarts import NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help, stop_restarting
+    from launcher.run.restarts import NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help, stop_restarting
     first = FailurePoint.of(_failed_rank(1), ("step", 50), None)
     assert not cannot_help(None, first), "one failure says nothing yet"
     assert cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), None))

@@ -1,4 +1,4 @@
-"""``launcher.backends.ssh_mux`` without a host to reach: a master that cannot connect says why
+"""``launcher.cluster.backends.ssh_mux`` without a host to reach: a master that cannot connect says why
 and leaves nothing; ``ssh_argv`` rides on a master once there is one. (Masters that connect:
 ``tests/multinode/test_ssh_masters_hosts.py``.)"""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import glob
 import os
 import tempfile
 
-from launcher.backends import TransportOptions
-from launcher.backends.ssh import ssh_argv
-from launcher.backends.ssh_mux import SshMasters
+from launcher.cluster.backends import TransportOptions
+from launcher.cluster.backends.ssh import ssh_argv
+from launcher.cluster.backends.ssh_mux import SshMasters
 
 NO_NETWORK = ("-o ProxyCommand=false",)  # ssh fails at once, no DNS or TCP involved
 

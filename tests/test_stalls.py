@@ -1,4 +1,4 @@
-"""The hang check's judgement, on rank states built from events (``launcher.stalls``), and the
+"""The hang check's judgement, on rank states built from events (``launcher.hangs.stalls``), and the
 rank hook's progress counters (``parallel.progress``), in this process."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Optional
 
 import pytest
 
-from launcher.hang_limits import Learnt, Limits, RankProgress
-from launcher.stack_samples import StackSample
-from launcher.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before
+from launcher.hangs.hang_limits import Learnt, Limits, RankProgress
+from launcher.hangs.stack_samples import StackSample
+from launcher.hangs.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before
 from parallel import contract, progress
 from parallel.contract import Event
 
@@ -227,7 +227,7 @@ def test_progress_events_are_bounded_and_report_the_last_state(counted) -> None:
 
 
 def test_the_main_threads_frames_are_read_whatever_the_path_holds(tmp_path) -> None:
-    from launcher.stack_samples import _main_frames
+    from launcher.hangs.stack_samples import _main_frames
     dump = ('Thread 0x00007f00000000aa (most recent call first):\n'
             '  File "/py/threading.py", line 331 in wait\n\n'
             'Current thread 0x00007f00000000bb (most recent call first):\n'

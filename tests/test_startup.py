@@ -1,4 +1,4 @@
-"""Where a rank's time goes (``launcher.startup``): real ranks of a plain MindSpore script, whose
+"""Where a rank's time goes (``launcher.observe.startup``): real ranks of a plain MindSpore script, whose
 phases must add up to the rank's life as the kernel and the supervisor saw it; and the folding
 of events, the job's slowest ranks, the report's reading of a hand-edited summary."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 from helpers import TESTS, assert_no_job_processes, job_pids, npu_launch_argv, run_launcher, wait_for
 
-from launcher.startup import PHASES, Marks, describe, job_phases
+from launcher.observe.startup import PHASES, Marks, describe, job_phases
 from parallel.contract import Event
 
 PLAIN = str(TESTS / "rank_scripts" / "plain_job.py")

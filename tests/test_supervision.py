@@ -32,7 +32,7 @@ from helpers import (
     worker_pid,
 )
 
-from launcher.stalls import HANG_EXIT_CODE
+from launcher.hangs.stalls import HANG_EXIT_CODE
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")
 MS_JOB = str(RANK_SCRIPTS / "ms_job.py")

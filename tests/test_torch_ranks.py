@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, wait_for
 
-from launcher.stalls import HANG_EXIT_CODE
+from launcher.hangs.stalls import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.torch
 DDP = str(RANK_SCRIPTS / "torch_ddp.py")

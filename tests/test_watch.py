@@ -1,4 +1,4 @@
-"""The one watch loop (``launcher.watch.Watch``), in-process, with a fake source and group.
+"""The one watch loop (``launcher.run.watch.Watch``), in-process, with a fake source and group.
 
 What every job relies on, whatever runs it: the source is started once, checked until it says
 how the job ends, told before the processes are closed and after; the group is closed in a
@@ -13,12 +13,12 @@ from typing import Optional
 
 import pytest
 
-from launcher.devices import DeviceKind
-from launcher.failures import JobResult, Outcome
-from launcher.plan import LaunchPlan, StartMode, Timeouts
-from launcher.process import Exit
-from launcher.stalls import HANG_EXIT_CODE, Stall
-from launcher.watch import Watch
+from launcher.config.devices import DeviceKind
+from launcher.hangs.stalls import HANG_EXIT_CODE, Stall
+from launcher.plan.launch_plan import LaunchPlan, StartMode, Timeouts
+from launcher.run.failures import JobResult, Outcome
+from launcher.run.process import Exit
+from launcher.run.watch import Watch
 
 
 def _plan() -> LaunchPlan:

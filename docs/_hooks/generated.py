@@ -89,7 +89,7 @@ def events_table(path: Path = CONTRACT) -> str:
 
 def msrun_help() -> str:
     """What ``npu-launch msrun --help`` prints, as a code block."""
-    from launcher.msrun_compat import HELP
+    from launcher.config.msrun_args import HELP
     return f"```text\n{HELP.rstrip()}\n```"
 
 
@@ -123,7 +123,7 @@ def help_placeholders() -> set[str]:
     as it is and the Markdown renderer would take for an HTML tag."""
     import click
 
-    from launcher.cli import cli
+    from launcher.cli.main import cli
 
     def texts(command: click.Command) -> Iterator[str]:
         yield command.help or ""

@@ -7,7 +7,7 @@ which every host shares (as an image would carry them): a host's ``/tmp`` is its
 
 The Python over ssh: every host has the same interpreter at the same path, so a command sent
 over ssh names it by its path, ``sys.executable``, as the launcher itself does
-(``launcher/backends/common.py`` ``python_of``). A bare ``python3`` would be whatever the remote
+(``launcher/cluster/backends/common.py`` ``python_of``). A bare ``python3`` would be whatever the remote
 login shell finds first on its ``PATH`` (another interpreter when the tests run in a virtualenv).
 sshd gives sessions the creating process's ``PATH`` plus the sbin dirs (``SetEnv``) for the
 system tools (``ip``, ``nsenter``, ``srun``), not for Python. Before them comes the host's own

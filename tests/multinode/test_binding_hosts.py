@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.binding import format_cpu_list, split
+from launcher.config.cpu_list import format_cpu_list
+from launcher.plan.binding import split
 
 from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.multinode  # plain-Python ranks: no MindSpore anywhere
 RECORDER = """#!{python}
 import os, subprocess, sys, time
 command = " ".join(sys.argv[1:])
-kind = "agent" if "launcher.agent" in command else "probe" if "launcher.probe" in command else "other"
+kind = "agent" if "launcher.cluster.agent" in command else "probe" if "launcher.cluster.probe" in command else "other"
 
 def mark(word):
     with open({log!r}, "a") as f:
@@ -87,7 +87,7 @@ def test_fanout_1_asks_and_connects_one_host_at_a_time(ssh_cluster, tmp_path: Pa
     for rank in (0, 1):  # node 0's copy of each rank's log: every host had the plan whole
         text = ssh_cluster.read_text(ssh_cluster.names[0], tmp_path / "logs" / f"rank_{rank}.log")
         assert text is not None and "BIG 100003 end" in text, (rank, text)
-    # A probe runs as its host's ssh control master's first session (launcher.backends.ssh_mux):
+    # A probe runs as its host's ssh control master's first session (launcher.cluster.backends.ssh_mux):
     # it is done when its end marker passes, while that ssh lives on for the agent.
     probes = _intervals(ssh_cluster, log, "probe", "up", "end")
     agents = _intervals(ssh_cluster, log, "agent", "up")

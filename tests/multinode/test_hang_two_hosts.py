@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import TESTS
 
-from launcher.stalls import HANG_EXIT_CODE
+from launcher.hangs.stalls import HANG_EXIT_CODE
 
 from .jobs import assert_no_job_processes, job_dir, job_pids, launch_on, wait_slowly, write_hostfile
 

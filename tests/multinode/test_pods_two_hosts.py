@@ -1,4 +1,4 @@
-"""npu-launch as the command of an operator's pods, on two test hosts (``launcher/pods.py``).
+"""npu-launch as the command of an operator's pods, on two test hosts (``launcher/plan/pods.py``).
 
 Each host plays the pods of one Kubernetes node: npu-launch is started on it with the
 environment the operator gives its pods (``tests/fixtures/pods/README.md``), never over ssh (an

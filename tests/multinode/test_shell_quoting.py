@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from launcher.hostfile import path_shown
+from launcher.config.hostfile import path_shown
 
 from .cluster import Cluster
 from .jobs import assert_no_job_processes, mpi_launcher_args, run_on_node0, run_python_on, write_hostfile
@@ -186,10 +186,10 @@ def test_preflight_probes_from_a_hostile_directory_as_data(ssh_cluster, tmp_path
 
 _PREFLIGHT = """
 import json, sys
-from launcher.backends import TransportOptions
-from launcher.devices import DeviceKind
-from launcher.hostfile import HostSelection
-from launcher.preflight import run_preflight
+from launcher.cluster.backends import TransportOptions
+from launcher.config.devices import DeviceKind
+from launcher.config.hostfile import HostSelection
+from launcher.cluster.preflight import run_preflight
 names, config, workdir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 hosts = [HostSelection(name, None, (0,)) for name in names]
 checks = run_preflight(hosts, TransportOptions(None, (f"-F {config}",)), workdir, DeviceKind.CPU, None)
@@ -210,7 +210,7 @@ def test_preflight_names_a_working_directory_missing_on_a_host(ssh_cluster,
 
 _ALLOCATION = """
 import sys
-from launcher.backends.slurm import allocation_hosts
+from launcher.cluster.backends.slurm import allocation_hosts
 from launcher.errors import ConfigError
 import os
 try:

@@ -1,4 +1,4 @@
-"""One ssh handshake per host (``launcher.backends.ssh_mux``), on real sshd between hosts of
+"""One ssh handshake per host (``launcher.cluster.backends.ssh_mux``), on real sshd between hosts of
 their own: preflight's control master to each host carries that host's agent; ``--ssh-port``
 and a jump host still work; and however the launch ends (a clean finish, SIGTERM, SIGKILL of
 the launcher itself), no master, socket or directory is left on node 0.
@@ -58,7 +58,7 @@ def test_each_agent_rides_on_its_hosts_master_and_nothing_is_left(ssh_cluster, t
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     ssh = _ssh_processes(cluster, cluster.names[0])
     masters = [c for c in ssh if Path(c[0]).name == "ssh" and "ControlMaster=yes" in c]
-    agents = [c for c in ssh if "ControlMaster=no" in c and any("launcher.agent" in w for w in c)]
+    agents = [c for c in ssh if "ControlMaster=no" in c and any("launcher.cluster.agent" in w for w in c)]
     assert len(masters) == 2 and len(agents) == 2, ssh
     sockets = {w.removeprefix("ControlPath=") for c in masters for w in c
                if w.startswith("ControlPath=")}

@@ -8,10 +8,16 @@ scheduler for ranks that never import MindSpore); "init" is every rank connectin
 step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
 
 --fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
---sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt).
+--sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
+Slurm batch job's first run with --sleep-in-first-run-only (a job to preempt and requeue: Slurm
+sets SLURM_RESTART_COUNT in the requeued run, and the command line stays the same).
 --hang-rank R --hang-at-step K: rank R sleeps for an hour before step K.
 --steps N: steps; at the end each rank prints `checksum <value>` (equal on every rank).
 --ignore-sigterm R: rank R ignores SIGTERM (only SIGKILL stops it).
+--saves-on-stop: answers a stop request as the shared trainer does, by the contract alone: its
+first step event says ``saves_on_stop``, and at each step it reads ``stop_request`` in its log
+directory; at the step written there it prints ``saves step K`` and exits 0 (it saves no file).
+--step-time S: each step takes at least S seconds.
 --fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
 --peer-loss-wait S: a rank whose peer left waits S seconds before it raises, as a MindSpore rank
@@ -31,7 +37,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
+parser.add_argument("--sleep-in-first-run-only", action="store_true")
 parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--saves-on-stop", action="store_true")
+parser.add_argument("--step-time", type=float, default=0)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-at-step", type=int, default=-1)
 parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A:R")
@@ -112,16 +121,34 @@ emit("initialised", exec_mode="graph")
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.fail_rank:
     raise ValueError(f"boom on rank {rank}")
-time.sleep(args.sleep_after_init)
+if not (args.sleep_in_first_run_only and os.environ.get("SLURM_RESTART_COUNT")):
+    time.sleep(args.sleep_after_init)
+
+
+
+def stop_at() -> int:
+    """The step node 0 asked every rank to save and stop at (``stop_request``), else -1."""
+    try:
+        with open(os.path.join(os.environ["NPU_LAUNCH_LOG_DIR"], "stop_request")) as f:
+            word = f.read().strip()
+    except OSError:
+        return -1
+    return int(word) if word.isdigit() else -1
+
 
 weight = 1.0
 for step in range(args.steps):
     if rank == args.hang_rank and step == args.hang_at_step and args.hang_in_attempt in (-1, attempt):
         time.sleep(3600)
+    if args.saves_on_stop and 0 <= stop_at() <= step:
+        print(f"rank {rank} saves step {step}", flush=True)
+        raise SystemExit(0)
+    time.sleep(args.step_time)
     weight -= 0.1 * all_reduce(peers, weight * (rank + 1)) / world
     step_count += 1
     emit("progress", count=step_count, busy=False, loads=0)
-    emit("step", step=step, loss=weight * weight)
+    mode = {"log_every": 1, "saves_on_stop": True} if args.saves_on_stop and step == 0 else {}
+    emit("step", step=step, loss=weight * weight, **mode)
     if rank in failing:
         raise RuntimeError(f"rank {rank} fails in attempt {attempt}")
 print(f"checksum {weight:.10f}", flush=True)

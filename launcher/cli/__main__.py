@@ -1,0 +1,4 @@
+"""``python -m launcher.cli``: the same as the ``npu-launch`` command."""
+from launcher.cli.main import main
+
+main()

@@ -1,0 +1,92 @@
+"""Slurm: inside an allocation, one ``srun`` starts an agent on every node (one task each)."""
+from __future__ import annotations
+
+import copy
+import subprocess
+from typing import Mapping, Optional
+
+from launcher.cluster.backends import LauncherKind, TransportOptions
+from launcher.cluster.backends.common import agent_argv, agent_spec, python_of
+from launcher.cluster.node_agents import AgentLaunch
+from launcher.cluster.payload import PayloadServer
+from launcher.config.hostfile import HostSelection, check_host_name
+from launcher.errors import ConfigError
+from launcher.limits import MAX_NODES, shown
+from launcher.plan.launch_plan import LaunchPlan
+
+SCONTROL_TIMEOUT = 30.0
+
+
+def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
+    """The allocation's node names, expanded by ``scontrol`` (``node[1-3]`` -> 3 names)."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ConfigError("--launcher slurm: not inside a Slurm allocation "
+                          "(SLURM_JOB_NODELIST is not set)")
+    if nodelist.startswith("-"):  # scontrol would take it for one of its options
+        raise ConfigError(f"--launcher slurm: node list {shown(nodelist)} starts with '-'")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, check=True, env=dict(environ),
+                             timeout=SCONTROL_TIMEOUT).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"--launcher slurm: cannot expand {shown(nodelist)} with scontrol: "
+                          f"{_complaint(e)}".strip()) from None
+    return _checked(out.split(), nodelist)
+
+
+def _complaint(e: BaseException) -> str:
+    """scontrol's last line of stderr (text only: a timeout may hold bytes), else the error."""
+    stderr = getattr(e, "stderr", None)
+    lines = stderr.strip().splitlines() if isinstance(stderr, str) else []
+    return (lines[-1] if lines else str(e))[:200]
+
+
+def _checked(names: list[str], nodelist: str) -> list[str]:
+    """Node names go on srun's command line and into log paths: the hostfile's rules apply."""
+    if len(names) > MAX_NODES:
+        raise ConfigError(f"--launcher slurm: the allocation has {len(names)} nodes, more than "
+                          f"the {MAX_NODES} a job may have")
+    for name in names:
+        problem = check_host_name(name)
+        if problem is not None:
+            raise ConfigError(f"--launcher slurm: {shown(nodelist)}: {problem}")
+    return names
+
+
+class SlurmBackend:
+    kind = LauncherKind.SLURM
+
+    def __init__(self, environ: Mapping[str, str], cards: int, nnodes: Optional[int],
+                 options: TransportOptions) -> None:
+        names = allocation_hosts(environ)
+        if nnodes is not None:
+            if nnodes < 1:
+                raise ConfigError(f"--nnodes {nnodes}: must be at least 1")
+            if nnodes > len(names):
+                raise ConfigError(f"--nnodes {nnodes}: the allocation has {len(names)} node(s)")
+            names = names[:nnodes]
+        self._hosts = [HostSelection(name, None, tuple(range(cards))) for name in names]
+        self._options = options
+
+    def hosts(self) -> list[HostSelection]:
+        return self._hosts
+
+    def only(self, hosts: list[HostSelection]) -> "SlurmBackend":
+        """The same backend on fewer of its allocation's nodes (``--min-nodes``)."""
+        smaller = copy.copy(self)
+        smaller._hosts = list(hosts)
+        return smaller
+
+    serves_payload = True
+
+    def agent_launches(self, plan: LaunchPlan, payload: bytes,
+                       served: Optional[PayloadServer] = None) -> list[AgentLaunch]:
+        assert served is not None, "srun's agents fetch the plan: serves_payload"
+        n = len(self._hosts)
+        argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(h.host for h in self._hosts)}", "--kill-on-bad-exit=1",
+                f"--chdir={plan.workdir}", f"--job-name=npu-launch-{plan.job_id}",
+                *self._options.launcher_args,
+                *agent_argv(python_of(plan), served.address, None)]
+        return [AgentLaunch(agent_spec(plan, "srun", 0, argv, served), b"")]

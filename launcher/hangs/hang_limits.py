@@ -1,0 +1,157 @@
+"""The hang limit: ``--hang-timeout`` when given, else learnt from the job (``Limits``,
+``Learnt``): a multiple of the longest quiet interval seen between progress events, with a
+floor, kept across restarts and, for the same command run again, in ``hang_limits.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Iterable, Optional, Sequence
+
+from launcher.files import read_json
+from launcher.ranks.record import RankRecord
+from parallel.manifest import atomic_write_bytes
+
+LEARN_FACTOR = 5.0
+"""The learnt limit is this many times the longest quiet interval seen (NVIDIA's resiliency
+extension uses 5 too)."""
+
+
+LEARN_FLOOR = 10.0
+"""Seconds a learnt limit is at least: a progress event may lag its step by half a second
+(``parallel.progress.INTERVAL``), a busy machine stretches a step twofold."""
+
+
+LEARN_AFTER = 2
+"""Quiet intervals a rank must have shown before the limit is learnt from them."""
+
+
+LEARNT_FILE = "hang_limits.json"
+"""In the log directory: what the hang limits learnt, for the next launch of the same job."""
+
+
+DEFAULT_TIMEOUT = 600.0
+"""The limit while nothing is learnt yet (no ``--hang-timeout`` given)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Learnt:
+    """What the job has shown so far: the longest quiet interval between two progress events of
+    one rank outside grace and sections, how many such intervals one rank showed (at most), and
+    the longest section of each kind (a save, an evaluation)."""
+
+    longest: float = 0.0
+    intervals: int = 0
+    sections: tuple[tuple[str, float], ...] = ()
+
+    def merge(self, other: "Learnt") -> "Learnt":
+        kinds = dict(self.sections)
+        for kind, seconds in other.sections:
+            kinds[kind] = max(kinds.get(kind, 0.0), seconds)
+        return Learnt(max(self.longest, other.longest), max(self.intervals, other.intervals),
+                      tuple(sorted(kinds.items())))
+
+    @classmethod
+    def of(cls, progress: Iterable[RankRecord]) -> "Learnt":
+        learnt = cls()
+        for p in progress:
+            learnt = learnt.merge(cls(p.longest, p.intervals, p.section_longest))
+        return learnt
+
+    def section(self, kind: str) -> Optional[float]:
+        return dict(self.sections).get(kind)
+
+    def save(self, log_dir: str, command: Sequence[str]) -> None:
+        """Keep what was learnt in ``log_dir`` (``LEARNT_FILE``) for the next launch there of
+        the same ``command`` (the script and its arguments): it resumes the same job."""
+        record = {"command": list(command), "longest": self.longest,
+                  "intervals": self.intervals, "sections": dict(self.sections)}
+        try:
+            atomic_write_bytes(os.path.join(log_dir, LEARNT_FILE), json.dumps(record).encode())
+        except OSError:
+            pass
+
+    @classmethod
+    def load(cls, log_dir: str, command: Sequence[str]) -> "Learnt":
+        """What an earlier launch of ``command`` into ``log_dir`` learnt; nothing when it was
+        another command (another job's pace says nothing of this one's) or cannot be read."""
+        record = read_json(os.path.join(log_dir, LEARNT_FILE))
+        try:
+            if record["command"] != list(command):
+                return cls()
+            sections = tuple(sorted((str(k), float(v)) for k, v in record["sections"].items()))
+            learnt = cls(float(record["longest"]), int(record["intervals"]), sections)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls()
+        finite = all(map(math.isfinite, [learnt.longest, *dict(sections).values()]))
+        return learnt if finite and learnt.longest >= 0 else cls()
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """``--hang-timeout`` (None: not given, learnt from the job; 0 turns detection off) and
+    ``--hang-grace``, in seconds, with what the job has shown so far (``learning``).
+
+    Learnt: ``LEARN_FACTOR`` x the longest quiet interval, at least ``LEARN_FLOOR``, once a rank
+    showed ``LEARN_AFTER`` intervals (``DEFAULT_TIMEOUT`` before). A rank in grace gets the
+    grace; a rank inside a section (a save, an evaluation) gets ``LEARN_FACTOR`` x the longest
+    section of that kind seen, at least the step limit, or the grace while none ended yet."""
+
+    timeout: Optional[float]
+    grace: float
+    learnt: Learnt = Learnt()
+
+    @property
+    def on(self) -> bool:
+        return self.timeout is None or self.timeout > 0
+
+    @property
+    def quiet(self) -> float:
+        """The limit in force between two progress events, in seconds."""
+        if self.timeout is not None:
+            return self.timeout
+        if self.learnt.intervals < LEARN_AFTER:
+            return DEFAULT_TIMEOUT
+        return max(LEARN_FLOOR, LEARN_FACTOR * self.learnt.longest)
+
+    @property
+    def why(self) -> str:
+        """The limit and where it comes from, for the message that names a hang."""
+        if self.timeout is not None:
+            return f"--hang-timeout {self.timeout:g}"
+        if self.learnt.intervals < LEARN_AFTER:
+            return (f"limit {DEFAULT_TIMEOUT:g} s, the default: fewer than {LEARN_AFTER} "
+                    "intervals seen to learn from")
+        return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
+                f"{_seconds(self.learnt.longest, 2)} s longest interval, floor {LEARN_FLOOR:g} s")
+
+    def learning(self, learnt: Learnt) -> "Limits":
+        return dataclasses.replace(self, learnt=self.learnt.merge(learnt))
+
+    def of(self, progress: RankRecord) -> float:
+        if progress.in_grace:
+            return max(self.grace, self.quiet)
+        if progress.section:
+            seen = self.learnt.section(progress.section)
+            return self.grace if seen is None else max(self.quiet, LEARN_FACTOR * seen)
+        return self.quiet
+
+    def why_for(self, progress: RankRecord) -> str:
+        """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
+        if progress.in_grace and self.grace > self.quiet:
+            return f"--hang-grace {self.grace:g}: compiling"
+        if progress.section and not progress.in_grace:
+            return f"limit {_seconds(self.of(progress))} s inside a {progress.section}"
+        return self.why
+
+
+def _seconds(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, whole from 100 on (never ``1e+03``)."""
+    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
+
+
+RankProgress = RankRecord  # the name the hang tests know
+"""What the limits read of a rank: its record (``launcher.ranks.record``), one fold for the hang
+check, the phases, the monitor and the attempt."""

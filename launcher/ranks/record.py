@@ -1,0 +1,241 @@
+"""One rank's record in one attempt, folded once from its events: ``RankRecord``.
+
+Every reader takes its facts from here: the supervisor (``run.supervisor.LocalRanks``: the main
+thread, the frameworks, who began ``init()`` and who finished it, who exited), each node's stall
+watch and node 0's hang check (``hangs``: progress on the launcher's clock), the phases
+(``observe.startup``: the marks on the rank's clock), the monitor (``observe.job_state``) and
+node 0's attempt (``attempt``: each rank's last step, whether it saves on a stop).
+
+Last progress is one rule, kept on two clocks: ``since`` is node 0's (or the supervisor's)
+clock when the event arrived, what the hang check compares with its limits (clock skew between
+hosts can neither fake nor hide a stall); ``last_progress`` is the rank's own clock, where the
+phases end training. A rank made progress when it
+
+* said ``initialised`` (its first report of it; a second one repeats it),
+* ended its first step (``first-step``) or a trainer step (``step``), or ``finished``,
+* sent a ``progress`` event whose count rose, whose loads rose (a checkpoint load), or whose
+  section began or ended (a save, an evaluation); one without a count, not the rank hook's, is
+  taken at its word.
+
+Entering a call is not progress (a ``progress`` event that only turns ``busy`` on): a rank that
+hangs inside its next step made its last progress when the step before it ended.
+
+The hang check's grace (``in_grace``: from ``initialised`` until the count is 2 higher, a
+``first-step`` or a ``step``, and again from a checkpoint load) and the quiet intervals it
+learns from (``longest``, ``intervals``: steps and counts outside grace and sections;
+``section_longest``: each kind of section) are folded here too, from the same events.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Callable, Optional
+
+from parallel import contract
+from parallel.contract import Event
+
+PHASES = ("process", "imports", "init", "first_step", "training", "exit")
+"""A rank's life in six phases, each from one mark to the next (``RankRecord.phases``)."""
+
+
+_DAY = 86400.0
+
+
+@dataclasses.dataclass
+class RankRecord:
+    """One rank in one attempt, as its events arrive (``observe``); a restart begins a new one.
+
+    What the rank said: ``main_thread``, ``frameworks`` (``framework`` events' names),
+    ``calling_init`` (``init-started``), ``initialised``, ``step`` (the last trainer step),
+    ``saves_on_stop`` (said in a fit's first step), ``finished``; and its supervisor:
+    ``exited`` with ``exit_code``.
+
+    Marks, on the rank's clock (seconds since the epoch): ``spawned`` (the kernel's start of the
+    process), ``started_time``, ``init_started_time``, ``initialised_time``, ``first_step_time``,
+    ``last_progress``, ``exited_time``.
+
+    Progress, on the clock of whoever folds it (see the module's docstring): ``since`` (last
+    progress), ``stepped_at`` (last step or higher count outside grace and sections), ``count``,
+    ``busy``, ``loads``, ``in_grace``, ``section`` (``save`` or ``eval`` while inside one, else
+    ""), ``section_since``, ``sections``, ``grace_count``, ``longest``, ``intervals``,
+    ``section_longest``."""
+
+    main_thread: str = ""
+    frameworks: frozenset[str] = frozenset()
+    calling_init: bool = False
+    initialised: bool = False
+    step: Optional[int] = None
+    saves_on_stop: Optional[bool] = None
+    finished: bool = False
+    exited: bool = False
+    exit_code: Optional[int] = None
+
+    spawned: Optional[float] = None
+    started_time: Optional[float] = None
+    init_started_time: Optional[float] = None
+    initialised_time: Optional[float] = None
+    first_step_time: Optional[float] = None
+    last_progress: Optional[float] = None
+    exited_time: Optional[float] = None
+
+    since: Optional[float] = None
+    stepped_at: Optional[float] = None
+    count: int = 0
+    busy: bool = False
+    loads: int = 0
+    in_grace: bool = True
+    section: str = ""
+    section_since: float = 0.0
+    sections: int = 0
+    grace_count: int = 0
+    """The count when the grace began: it lasts until the count is 2 higher (a first batch is
+    fetched before the step that compiles), a ``first-step`` or a ``step``."""
+    longest: float = 0.0
+    """The longest quiet interval ended by a step or a count, outside grace and sections."""
+    intervals: int = 0
+    section_longest: tuple[tuple[str, float], ...] = ()
+
+    def copy(self) -> "RankRecord":
+        """A copy for another thread to read."""
+        return copy.copy(self)
+
+    def observe(self, event: Event, now: Optional[float] = None) -> None:
+        """Fold one event in; ``now``: the folder's clock when it arrived (None: the event's
+        own time, as when ``metrics.jsonl`` is read back)."""
+        fold = _FOLDS.get(event.kind)
+        if fold is not None:
+            fold(self, event, event.time if now is None else now)
+
+    def phases(self) -> dict[str, Optional[float]]:
+        """Seconds per phase (``PHASES``); None where a mark is missing. Training ends at the
+        last progress after the first step."""
+        trained = None if self.first_step_time is None \
+            else max(self.first_step_time, self.last_progress or self.first_step_time)
+        bounds = (self.spawned, self.started_time, self.init_started_time, self.initialised_time,
+                  self.first_step_time, trained, self.exited_time)
+        return {name: (round(max(end - start, 0.0), 3)
+                       if start is not None and end is not None else None)
+                for name, start, end in zip(PHASES, bounds, bounds[1:])}
+
+    def _progressed(self, event: Event, now: Optional[float]) -> None:
+        """The rank made progress (the rule in the module's docstring), at ``now`` on the
+        folder's clock and at the event's time on its own."""
+        if now is not None:
+            self.since = now
+        if event.time is not None:
+            self.last_progress = event.time
+
+    def _stepped(self, event: Event, now: Optional[float]) -> None:
+        """A step or a higher count outside grace and sections: ends a quiet interval."""
+        if now is not None:
+            if not self.in_grace and self.since is not None:
+                self.longest = max(self.longest, now - self.since)
+                self.intervals += 1
+            self.stepped_at = now
+        self._progressed(event, now)
+        self.in_grace = False
+
+    def _section(self, event: Event, now: Optional[float]) -> bool:
+        """Whether a section began or ended (one that began and ended between two events shows
+        only in ``sections``: it was short)."""
+        section, sections = event.section or "", event.sections or 0
+        if section == self.section and sections == self.sections:
+            return False
+        if self.section and not self.in_grace and now is not None:
+            kinds = dict(self.section_longest)
+            kinds[self.section] = max(kinds.get(self.section, 0.0), now - self.section_since)
+            self.section_longest = tuple(sorted(kinds.items()))
+        self.section, self.sections = section, sections
+        self.section_since = now if now is not None else self.section_since
+        return True
+
+
+def _started(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.main_thread = event.main_thread or r.main_thread
+    at = event.time
+    if at is None:
+        return
+    r.started_time = at
+    spawned = event.record.get("process_start")
+    if isinstance(spawned, (int, float)) and not isinstance(spawned, bool) \
+            and 0 < at - spawned < _DAY:
+        r.spawned = float(spawned)
+
+
+def _framework(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    if event.name:
+        r.frameworks = r.frameworks | {event.name}
+
+
+def _init_started(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.calling_init = True
+    r.init_started_time = r.init_started_time or event.time
+
+
+def _initialised(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.initialised = True
+    r.initialised_time = r.initialised_time or event.time
+    r.since = r.since or now  # the hook's and init()'s: the first one is the progress
+    r.last_progress = r.last_progress or event.time
+
+
+def _first_step(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.first_step_time = r.first_step_time or event.time
+    r.in_grace = False
+    r._progressed(event, now)
+
+
+def _step(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.first_step_time = r.first_step_time or event.time
+    if event.step is not None:
+        r.step = event.step
+    saves = event.record.get("saves_on_stop")
+    if isinstance(saves, bool):  # said in a fit's first step event
+        r.saves_on_stop = saves
+    r._stepped(event, now)
+
+
+def _finished(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.finished = True
+    r._progressed(event, now)
+
+
+def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.busy = bool(event.busy)
+    if r._section(event, now):
+        r._progressed(event, now)
+    if event.loads is not None and event.loads > r.loads:
+        r.loads, r.in_grace = event.loads, True
+        r.grace_count = max(r.count, event.count or 0)
+        r._progressed(event, now)
+    elif event.count is not None and event.count > r.count:
+        if r.section or (r.in_grace and event.count < r.grace_count + 2):
+            r._progressed(event, now)
+        else:
+            r._stepped(event, now)
+    elif event.count is None and event.loads is None:
+        r._progressed(event, now)  # not the rank hook's: a heartbeat is taken at its word
+    r.count = max(r.count, event.count or 0)
+
+
+def _exited(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.exited, r.exit_code = True, event.returncode
+    r.exited_time = event.time
+    last = event.record.get("last_progress")  # metrics.jsonl keeps no progress events
+    if isinstance(last, float) and r.first_step_time is not None \
+            and last > (r.last_progress or 0.0):
+        r.last_progress = last
+
+
+_FOLDS: dict[str, Callable[[RankRecord, Event, Optional[float]], None]] = {
+    contract.EVENT_STARTED: _started,
+    contract.EVENT_FRAMEWORK: _framework,
+    contract.EVENT_INIT_STARTED: _init_started,
+    contract.EVENT_INITIALISED: _initialised,
+    contract.EVENT_FIRST_STEP: _first_step,
+    contract.EVENT_STEP: _step,
+    contract.EVENT_FINISHED: _finished,
+    contract.EVENT_PROGRESS: _progress,
+    contract.EVENT_EXITED: _exited,
+}
+"""How each kind of event folds in; the others say nothing of a rank's progress or marks."""

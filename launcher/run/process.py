@@ -1,0 +1,209 @@
+"""The processes of one node: start, poll, close.
+
+Each process runs in its own session, so ``os.killpg`` reaches whatever it started too. ``close``
+is idempotent: SIGTERM to every group still alive, wait to a deadline, SIGKILL the rest, reap, and
+finally kill any stray process that still carries this launch's token and node rank in its
+environment (a grandchild that called ``setsid``). It never matches processes by command name or
+by the user-visible job id: either could belong to another job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import Mapping, Optional
+
+import psutil
+
+from launcher.plan.launch_plan import ProcessSpec
+from launcher.run.output import LineSink, Pump
+from launcher.run.stdin_feed import StdinFeed
+from parallel import contract
+
+_POLL_INTERVAL = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """How one process ended: ``returncode`` as Popen reports it (negative for a signal)."""
+
+    spec: ProcessSpec
+    pid: int
+    returncode: int
+    time: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class ProcessGroup:
+    """Every process this launcher started on this node, keyed by label."""
+
+    def __init__(self, token: str, base_env: Mapping[str, str], workdir: str,
+                 node_rank: Optional[int] = None) -> None:
+        self._token = token
+        self._node_rank = node_rank
+        self._base_env = dict(base_env)
+        self._workdir = workdir
+        self._running: dict[str, tuple[ProcessSpec, subprocess.Popen]] = {}
+        self._pumps: dict[str, Pump] = {}
+        self._feeds: dict[str, StdinFeed] = {}
+        self.pids: dict[str, int] = {}
+        self._closed = False
+
+    def start(self, spec: ProcessSpec, on_line: Optional[LineSink],
+              stdin_data: Optional[bytes] = None) -> int:
+        """Start ``spec`` with its output pumped to its log and, line by line, to ``on_line``.
+
+        With ``stdin_data`` the process reads that from a pipe which then stays open: a node
+        agent takes the pipe's end (``close``, or this launcher dying) as the order to stop.
+        The pipe is written from a thread of its own (``StdinFeed``): this returns at once.
+        """
+        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        read_end, write_end = os.pipe()
+        stdin_read, stdin_write = os.pipe() if stdin_data is not None else (None, None)
+        try:
+            proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir,
+                                    stdin=subprocess.DEVNULL if stdin_read is None else stdin_read,
+                                    stdout=write_end, stderr=write_end, start_new_session=True)
+        except OSError:
+            os.close(read_end)
+            if stdin_write is not None:
+                os.close(stdin_write)
+            raise
+        finally:
+            os.close(write_end)
+            if stdin_read is not None:
+                os.close(stdin_read)
+        if stdin_write is not None and stdin_data is not None:
+            self._feeds[spec.label] = StdinFeed(stdin_write, spec.label)
+            self._feeds[spec.label].put(stdin_data)
+        pump = Pump(read_end, spec.log_path, spec.label, on_line)
+        pump.start()
+        self._running[spec.label] = (spec, proc)
+        self._pumps[spec.label] = pump
+        self.pids[spec.label] = proc.pid
+        return proc.pid
+
+    def start_foreground(self, spec: ProcessSpec) -> int:
+        """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
+        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir)
+        self._running[spec.label] = (spec, proc)
+        self.pids[spec.label] = proc.pid
+        return proc.pid
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to every running process started with a stdin pipe (the node agents),
+        after what each was given before."""
+        for label in self._running:
+            feed = self._feeds.get(label)
+            if feed is not None:
+                feed.put(data)
+
+    def poll(self) -> list[Exit]:
+        """The processes that ended since the last call."""
+        ended = []
+        for label, (spec, proc) in list(self._running.items()):
+            code = proc.poll()
+            if code is not None:
+                del self._running[label]
+                ended.append(Exit(spec, proc.pid, code, time.time()))
+        return ended
+
+    def running(self) -> list[ProcessSpec]:
+        return [spec for spec, _ in self._running.values()]
+
+    def drain(self, label: str, timeout: float) -> None:
+        """Wait for the last output of an ended process to reach its log."""
+        pump = self._pumps.get(label)
+        if pump is not None:
+            pump.join(timeout)
+
+    def close(self, grace: float) -> list[Exit]:
+        """Stop everything still running (SIGTERM, ``grace`` seconds, SIGKILL); idempotent."""
+        if self._closed:
+            return []
+        self._closed = True
+        ended = self._stop_agents_politely(grace)
+        self._signal_all(signal.SIGTERM)
+        ended += self._wait_until(time.monotonic() + grace)
+        self._signal_all(signal.SIGKILL)
+        ended += self._wait_until(time.monotonic() + 5.0)
+        if self._node_rank is not None and self._token:
+            kill_job_strays(self._token, self._node_rank)
+        for pump in self._pumps.values():
+            pump.join(1.0)
+        return ended
+
+    def _stop_agents_politely(self, grace: float) -> list[Exit]:
+        """Close the stdin of processes fed through a pipe (node agents) and give them time to
+        stop their own ranks: killing the ssh client at once would leave the remote side
+        unattended while it tears down."""
+        fed = any(label in self._feeds for label in self._running)
+        for feed in self._feeds.values():  # those of ended processes too: their threads end
+            feed.close()
+        if not fed:
+            return []
+        return self._wait_until(time.monotonic() + grace + 5.0)
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for label, (_, proc) in self._running.items():
+            if label in self._pumps:
+                _signal_group(proc.pid, sig)
+            else:  # a foreground rank shares our process group: signal it alone
+                proc.send_signal(sig)
+
+    def _wait_until(self, deadline: float) -> list[Exit]:
+        ended = []
+        while self._running and time.monotonic() < deadline:
+            ended += self.poll()
+            if self._running:
+                time.sleep(_POLL_INTERVAL)
+        # The leader may be gone while the rest of its group still runs: sweep the group too.
+        for exit_ in ended:
+            if exit_.spec.label in self._pumps:
+                _signal_group(exit_.pid, signal.SIGKILL)
+        return ended
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_job_strays(token: str, node_rank: int) -> list[int]:
+    """SIGKILL every process whose environment carries this launch's ``token`` and node rank.
+
+    The node rank matters where several "hosts" share one process table (containers, network
+    namespaces): each node agent must sweep only its own node's processes.
+    """
+    killed = []
+    for proc in job_processes(token, node_rank):
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    return killed
+
+
+def job_processes(token: str, node_rank: int) -> list[psutil.Process]:
+    """Processes (not this one) whose environment has this launch's token and node rank."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+            if env.get(contract.TOKEN) == token and env.get(contract.NODE_RANK) == str(node_rank):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,180 @@
+"""When a job starts again, after how long, and on which hosts: the restart policy, pure logic.
+
+One budget for the whole job (``--max-restarts``): node 0 decides every restart, whichever host
+failed, so two failures on two hosts use two restarts of it. Before restart k the launcher waits
+``--restart-backoff`` x 2^(k-1) seconds, at most ``--restart-backoff-max``. With ``--min-nodes``
+a host whose ranks were the root cause of the last two failures in a row is left out of the next
+attempt, if at least that many hosts remain and the data still splits over the ranks left
+(``Shrink``). Two attempts in a row that failed at the same step with the same root cause and no
+newer complete checkpoint stop the job (``cannot_help``) with ``NO_PROGRESS_EXIT_CODE``.
+``launch.run_with_restarts`` acts on what this module decides, and every attempt becomes one
+entry of summary.json's ``attempts`` (``AttemptRecord``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from launcher.run.failures import JobResult
+
+BLAMED_IN_A_ROW = 2
+"""Failures in a row a host's ranks must have caused before it is left out."""
+NO_PROGRESS_EXIT_CODE = 93
+"""The job's exit code when it stopped restarting because a restart cannot help: two attempts
+in a row failed at the same step with the same root cause and no newer complete checkpoint.
+A scheduler's requeue hook can test it and not requeue (NVIDIA's resiliency extension uses 93
+for the same "do not requeue"; npu-launch's own codes are 1 a failure, 2 bad input, 124 a hang,
+128+N a signal, though a failed rank's own exit status becomes the job's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``--max-restarts``, the backoff and ``--min-nodes``, as the config gave them."""
+
+    max_restarts: int = 0
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+    min_nodes: Optional[int] = None
+
+    def wait_before(self, restart: int) -> float:
+        """Seconds to wait before restart number ``restart`` (1 for the first)."""
+        if restart < 1 or self.backoff <= 0:
+            return 0.0
+        return min(self.backoff * 2.0 ** min(restart - 1, 60), self.backoff_max)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of the job, as summary.json's ``attempts`` lists it."""
+
+    attempt: int
+    started_at: float
+    ended_at: float
+    outcome: str
+    exit_code: int
+    cause: Optional[dict[str, Any]]
+    resumed_from: Optional[int]
+    """The complete step this attempt resumed from (None: from the start)."""
+    nodes: int
+    world_size: int
+    waited_s: float = 0.0
+    """The backoff before this attempt started."""
+    left_out: tuple[str, ...] = ()
+    """Hosts of the job's hostfile this attempt ran without (``--min-nodes``)."""
+
+    @classmethod
+    def of(cls, attempt: int, started_at: float, result: JobResult, resumed_from: Optional[int],
+           hosts: Sequence[str], world_size: int, waited_s: float,
+           left_out: Sequence[str]) -> "AttemptRecord":
+        return cls(attempt, started_at, result.ended_at, result.outcome.value, result.exit_code,
+                   result.cause.to_json() if result.cause else None, resumed_from, len(hosts),
+                   world_size, waited_s, tuple(left_out))
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.ended_at - self.started_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``attempt`` record of metrics.jsonl and summary.json's entry (hosts counted,
+        not listed: a job may have a thousand)."""
+        return {"attempt": self.attempt, "started_at": self.started_at,
+                "ended_at": self.ended_at, "duration_s": round(self.duration_s, 3),
+                "outcome": self.outcome, "exit_code": self.exit_code, "cause": self.cause,
+                "resumed_from": self.resumed_from, "nodes": self.nodes,
+                "world_size": self.world_size, "waited_s": round(self.waited_s, 3),
+                "left_out": list(self.left_out)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FailurePoint:
+    """Where and why an attempt failed, to tell a failure that will happen again: the step
+    (``("step", N)``: the failed rank's last trainer step; ``("count", N)``: without trainer
+    steps, its progress count, reported every 0.5 s at most, so it may differ between two
+    failures at the same place: then the job restarts, the safe side), the root cause (outcome,
+    process, rank, exception, error, return code) and the newest complete checkpoint step."""
+
+    where: Optional[tuple[str, int]]
+    cause: tuple[Any, ...]
+    complete: Optional[int]
+
+    @classmethod
+    def of(cls, result: JobResult, where: Optional[tuple[str, int]],
+           complete: Optional[int]) -> "FailurePoint":
+        c = result.cause
+        cause = (result.outcome.value,) if c is None else (
+            c.outcome.value, c.process, c.rank, c.exception, c.error, c.returncode)
+        return cls(where, cause, complete)
+
+    def told(self, other: "FailurePoint") -> "FailurePoint":
+        """This point, or ``other`` (the same failure) when only it has the error report's
+        exception."""
+        return other if self.cause[3:4] == (None,) and other.cause[3:4] != (None,) else self
+
+    def describe(self) -> str:
+        kind, n = self.where or ("step", -1)
+        at = f"step {n}" if kind == "step" else f"progress count {n}"
+        rank = self.cause[2] if len(self.cause) > 2 else None
+        exception = self.cause[3] if len(self.cause) > 3 else None
+        who = f"rank {rank}" if rank is not None else "the job"
+        checkpoint = ("no complete checkpoint" if self.complete is None
+                      else f"no complete checkpoint newer than step {self.complete}")
+        return (f"at {at} with the same root cause ({who}, "
+                f"{exception or self.cause[0]}) and {checkpoint}")
+
+
+def cannot_help(before: Optional[FailurePoint], now: FailurePoint) -> bool:
+    """Whether another restart would fail the same way: the last two attempts failed at the
+    same known step with the same root cause, and no newer complete checkpoint came between.
+    The exception and error text count only when both failures have them: a rank's exit may
+    be seen before its error report is read."""
+    if before is None or now.where is None or (before.where, before.complete) != (
+            now.where, now.complete) or len(before.cause) != len(now.cause):
+        return False
+    return all(a == b or (i in _REPORTED and (a is None or b is None))
+               for i, (a, b) in enumerate(zip(before.cause, now.cause)))
+
+
+_REPORTED = (3, 4)
+"""Positions of ``FailurePoint.cause`` read from the rank's error report (exception, error)."""
+
+
+def stop_restarting(result: JobResult, point: FailurePoint) -> JobResult:
+    """``result`` with ``NO_PROGRESS_EXIT_CODE`` and the one line that says why."""
+    line = (f"npu-launch: not restarting: the last two attempts failed {point.describe()}: "
+            f"a restart cannot help (exit {NO_PROGRESS_EXIT_CODE})")
+    return dataclasses.replace(result, exit_code=NO_PROGRESS_EXIT_CODE,
+                               message=f"{result.message}\n{line}".lstrip())
+
+
+def blamed_host(result: JobResult) -> Optional[str]:
+    """The host whose process was the root cause of a failed attempt, if one was."""
+    cause = result.cause
+    if cause is None or not result.failed:
+        return None
+    return cause.host
+
+
+def host_to_leave_out(blamed: Sequence[Optional[str]], hosts: Sequence[str],
+                      min_nodes: Optional[int]) -> Optional[str]:
+    """The host to run the next attempt without: the one blamed for the last
+    ``BLAMED_IN_A_ROW`` failures, when it is still a host of the job and at least ``min_nodes``
+    would remain."""
+    if min_nodes is None or len(blamed) < BLAMED_IN_A_ROW:
+        return None
+    last = blamed[-BLAMED_IN_A_ROW:]
+    host = last[0]
+    if host is None or any(h != host for h in last) or host not in hosts:
+        return None
+    return host if len(hosts) - 1 >= min_nodes else None
+
+
+def shrink_problem(world_before: int, world_after: int, global_batch: Optional[int]) -> Optional[str]:
+    """Why the data cannot go on over ``world_after`` ranks, or None. The global batch is kept
+    (README, "Leaving a failing host out"): each rank's batch becomes the global batch over the
+    ranks left, which must divide it."""
+    if world_after < 1:
+        return "no rank would remain"
+    if global_batch is not None and global_batch % world_after:
+        return (f"the global batch of {global_batch} (over {world_before} ranks) does not split "
+                f"over {world_after} ranks")
+    return None

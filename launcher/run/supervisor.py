@@ -1,0 +1,285 @@
+"""This node's ranks, as the watch loop (``launcher.run.watch``) supervises them.
+
+MindSpore's scheduler (dynamic-cluster mode, on the first host) starts only once a rank of its
+host begins importing MindSpore (the rank hook's ``framework`` event), in parallel with the
+rank's own import: a job whose ranks never import MindSpore (torch, plain Python) runs no
+MindSpore process and leaves ``MASTER_PORT`` free for its rank 0 to listen on, as under torchrun.
+
+The first rank that exits non-zero or by a signal, or reports an uncaught exception, ends the
+job; so do ranks that never initialise within the start-up timeout (their stacks are read first,
+to show where they are stuck). Once every rank here went silent past ``--hang-timeout``
+(``stack_samples.StallWatch``), their stacks are read and sent as ``stack`` events: node 0 judges the
+hang over every node's ranks (``stalls.HangCheck``) and stops the job. The loop itself handles
+the stop signals and closes the processes.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Mapping, Optional, TextIO
+
+from launcher.config.launch_config import ConsoleFilter
+from launcher.files import remove
+from launcher.hangs.hang_limits import Limits
+from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
+from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
+from launcher.ranks.record import RankRecord
+from launcher.run.events import EventTail
+from launcher.run.failures import (
+    Cause,
+    ErrorReport,
+    Failure,
+    JobResult,
+    Outcome,
+    describe_failure,
+    describe_stuck,
+    root_cause,
+)
+from launcher.run.output import Console
+from launcher.run.process import Exit, ProcessGroup
+from launcher.run.watch import Reporter, StopHook, Watch
+from parallel import contract
+from parallel.contract import Event
+
+_DRAIN_TIMEOUT = 0.5
+
+
+class LocalRanks:
+    """``plan.on_node(node_rank)``: this node's ranks (and MindSpore's scheduler), watched by
+    ``watch.Watch``. Rank events and exits go to ``reporter``, and so do the ranks' stacks
+    when ``StallWatch`` finds them all silent."""
+
+    everything = "every process"
+
+    def __init__(self, plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int,
+                 console: Console, console_filter: ConsoleFilter, reporter: Reporter) -> None:
+        self._plan = plan
+        self._base_env = base_env
+        self._specs = plan.on_node(node_rank)
+        self._node_rank = node_rank
+        self._console = console
+        self._filter = console_filter
+        self._reporter = reporter
+        self._by_rank = {s.rank: s for s in self._specs if s.rank is not None}
+        self._tails = {rank: EventTail(s.events_path) for rank, s in self._by_rank.items()}
+        self._records = {rank: RankRecord() for rank in self._by_rank}
+        """This node's ranks' records, folded from their events as they arrive (this node's
+        clock) and their exits: what the start-up timeout and ``StallWatch`` read."""
+        self._failures: list[Failure] = []
+        self._stuck: list[ProcessSpec] = []
+        self._stuck_at: dict[int, tuple[str, ...]] = {}
+        self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
+        limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
+        # Nobody sits at a pdb prompt against a clock (``--debug``).
+        self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
+            else None
+        self._finish = threading.Event()
+        self._wake = threading.Event()
+        self._ranks_done_sent = False
+        self._deadline: Optional[float] = None
+        self._group: Optional[ProcessGroup] = None
+        self._scheduler = next((s for s in self._specs if s.role is Role.SCHEDULER), None)
+        """Not started yet: the scheduler this node runs once a rank needs it."""
+
+    def group(self) -> ProcessGroup:
+        """The process group these ranks run in."""
+        return ProcessGroup(self._plan.token, self._base_env, self._plan.workdir,
+                            self._node_rank)
+
+    def start(self, group: ProcessGroup, wake: threading.Event) -> None:
+        self._wake = wake
+        self._group = group
+        self._deadline = self._startup_deadline(time.time())
+        for rank, spec in self._by_rank.items():
+            _remove_stale(spec)
+            if self._plan.foreground:
+                group.start_foreground(spec)
+            else:
+                sink = self._console.rank_sink(spec.host, rank)
+                group.start(spec, sink if self._filter.shows(rank) else None)
+        if not self._by_rank:  # a pod that runs the scheduler alone: the other pods' ranks need it
+            self._start_scheduler()
+
+    def _start_scheduler(self) -> None:
+        """Start MindSpore's scheduler, once, if this node runs it."""
+        if self._scheduler is None or self._group is None:
+            return
+        spec, self._scheduler = self._scheduler, None
+        self._group.start(spec, None)
+
+    def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
+        self._read_events()
+        self._report_exits(exits)
+        self._failures = [Failure.from_exit(e) for e in exits if not e.ok] + _reported(group)
+        if self._failures:
+            return Outcome.FAILED
+        if self._stalls is not None:
+            running = self._running_ranks(group)
+            if self._stalls.due(sorted(running), time.time()):
+                self._send_stacks(running)
+        if all(r.exited for r in self._records.values()):
+            self._announce_ranks_done()
+            if self._scheduler_done(group):
+                return Outcome.SUCCEEDED
+        if self._deadline is not None and time.time() > self._deadline and self._late(group):
+            return Outcome.STARTUP_TIMEOUT
+        return None
+
+    def before_close(self, group: ProcessGroup, outcome: Outcome) -> None:
+        for failure in self._failures:
+            group.drain(failure.spec.label, _DRAIN_TIMEOUT)
+        self._stuck = self._stuck_ranks(group)
+        if outcome is Outcome.STARTUP_TIMEOUT and self._stuck:
+            stuck = {s.rank: group.pids[s.label] for s in self._stuck if s.rank is not None}
+            samples = self._send_stacks(stuck)
+            self._stuck_at = {r: sample.frames for r, sample in samples.items()}
+        # py-spy's native stacks are read before any rank is signalled, and no py-spy outlives
+        # the job (each is bounded by its own timeout).
+        if self._natives is not None:
+            self._natives.join()
+
+    def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
+        return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
+
+    def _send_stacks(self, ranks: Mapping[int, int]) -> dict[int, StackSample]:
+        """Read the stacks of ``ranks`` (rank -> pid), keep them in their stack files and send
+        them to node 0 (py-spy's native stacks follow from a thread when they are ready);
+        the main threads' samples."""
+        paths = {r: self._by_rank[r].stack_path for r in ranks if self._by_rank[r].stack_path}
+        threads = {rank: r.main_thread for rank, r in self._records.items() if r.main_thread}
+        stacks, natives = sample_stacks(ranks, paths, threads)
+        self._report_stacks(stacks)
+        self._natives = threading.Thread(target=lambda: self._report_stacks(natives()),
+                                         name="native-stacks", daemon=True)
+        self._natives.start()
+        return {rank: read.sample for rank, read in stacks.items()}
+
+    def _report_stacks(self, stacks: Mapping[int, Stacks]) -> None:
+        for rank, read in stacks.items():
+            self._reporter.event(read.event(self._by_rank[rank].host))
+
+    def after_close(self, exits: list[Exit]) -> None:
+        self._read_events()
+        for tail in self._tails.values():
+            tail.close()
+        self._report_exits(exits)
+
+    def conclude(self, outcome: Outcome) -> JobResult:
+        job, now = self._plan.job_id, time.time()
+        cause = root_cause(self._failures)
+        if cause is not None:
+            return JobResult(outcome, cause.exit_code, describe_failure(cause, job), now,
+                             cause.cause())
+        message = describe_stuck(self._stuck, self._ranks_where(lambda r: r.calling_init), job,
+                                 self._plan.timeouts.startup, self._stuck_at)
+        return JobResult(Outcome.STARTUP_TIMEOUT, 1, message, now,
+                         Cause(Outcome.STARTUP_TIMEOUT, "rank", host=self._host,
+                               ranks=tuple(s.rank for s in self._stuck if s.rank is not None),
+                               time=now))
+
+    def finished(self, elapsed: float) -> str:
+        return (f"npu-launch: job {self._plan.job_id} finished: {len(self._tails)} rank(s) "
+                f"exited 0 in {elapsed:.1f} s; logs in {self._plan.log_dir}")
+
+    def finish(self) -> None:
+        """Node 0 says every node's ranks are done: the scheduler is no longer needed."""
+        self._finish.set()
+        self._wake.set()
+
+    @property
+    def _host(self) -> str:
+        return self._specs[0].host if self._specs else "?"
+
+    def _report_exits(self, exits: list[Exit]) -> None:
+        for exit_ in exits:
+            if exit_.spec.rank is not None:
+                self._fold(Event.exited(exit_.spec.rank, exit_.spec.host, exit_.returncode,
+                                        exit_.time))
+
+    def _announce_ranks_done(self) -> None:
+        if not self._ranks_done_sent:
+            self._ranks_done_sent = True
+            self._reporter.ranks_done(self._node_rank)
+
+    def _scheduler_done(self, group: ProcessGroup) -> bool:
+        """Whether the job is over for this node once its ranks are done. With other nodes,
+        their ranks may still need the scheduler: it exits by itself once every rank has left
+        the cluster, or node 0 says every node is done (``finish``)."""
+        if self._plan.nnodes == 1 or self._finish.is_set():
+            return True
+        return not any(spec.role is Role.SCHEDULER for spec in group.running())
+
+    def _startup_deadline(self, started: float) -> Optional[float]:
+        if self._plan.mode is StartMode.SINGLE or self._plan.foreground:
+            return None  # nobody sits at a pdb prompt against a clock
+        timeout = self._plan.timeouts.startup
+        return started + timeout if timeout > 0 else None
+
+    def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
+        return sorted((s for s in group.running()
+                       if s.rank is not None and not self._records[s.rank].initialised),
+                      key=lambda s: s.rank or 0)  # every spec here has a rank
+
+    def _late(self, group: ProcessGroup) -> bool:
+        """Whether a rank here is late to initialise communication: it imported MindSpore
+        (whose dynamic cluster waits for every worker), or another rank here already began
+        to initialise (MindSpore's ``init()`` or torch's ``init_process_group``). Ranks that
+        use neither (plain Python, torch without communication) have no start-up to time."""
+        stuck = {s.rank for s in self._stuck_ranks(group)}
+        began = self._ranks_where(lambda r: r.calling_init or r.initialised)
+        mindspore = self._ranks_where(lambda r: "mindspore" in r.frameworks)
+        return bool(stuck) and bool(began | (stuck & mindspore))
+
+    def _ranks_where(self, fact: Callable[[RankRecord], bool]) -> set[int]:
+        return {rank for rank, r in self._records.items() if fact(r)}
+
+    def _read_events(self) -> None:
+        for tail in self._tails.values():
+            for event in tail.read():
+                if event.kind == contract.EVENT_EXITED:  # only the supervisor knows an exit
+                    self._reporter.event(event)
+                    continue
+                self._fold(event)
+                if event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore":
+                    self._start_scheduler()
+
+    def _fold(self, event: Event) -> None:
+        """Fold one of this node's rank events into its record, then pass it on."""
+        record = self._records.get(event.rank)
+        if record is not None:
+            record.observe(event, time.time())
+        self._reporter.event(event)
+
+
+def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
+              console_filter: ConsoleFilter, reporter: Reporter,
+              on_stop: Optional[StopHook] = None) -> JobResult:
+    """Run this node's share of ``plan`` here until it ends; ``on_stop``: see ``Watch``."""
+    ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
+    return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop).run()
+
+
+def _remove_stale(spec: ProcessSpec) -> None:
+    """Reports of an earlier attempt of this job (a restart) must not end this one."""
+    for path in (spec.events_path, spec.error_path, spec.stack_path):
+        if path:
+            remove(path)
+
+
+def _reported(group: ProcessGroup) -> list[Failure]:
+    """Running ranks that already reported an uncaught exception: they are on their way out,
+    and the job need not wait the second MindSpore takes to finalise them."""
+    failures = []
+    for spec in group.running():
+        if spec.error_path and os.path.exists(spec.error_path):
+            report = ErrorReport.read(spec.error_path)
+            if report is not None:
+                failures.append(Failure.from_report(spec, group.pids[spec.label], report))
+    return failures
+
+
+def print_message(result: JobResult, stream: TextIO) -> None:
+    if result.message:
+        stream.write(result.message + "\n")
+        stream.flush()

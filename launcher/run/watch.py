@@ -1,0 +1,214 @@
+"""The one watch loop: start a node's processes, watch them until the job ends, stop them all.
+
+A ``Watched`` source says what is watched: ``supervisor.LocalRanks`` (this node's ranks and
+MindSpore's scheduler) or ``cluster.NodeAgents`` (one agent per host, or one srun/mpirun for
+all). The loop owns what both share: the stop signals (SIGINT/SIGTERM/SIGHUP), the tick, the
+hang check of the job's events (``tick``, which also redraws the display), the success and
+interrupt messages, and closing the process group in a ``finally``. Each source says when its
+processes ended the job, and how (the root cause).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from launcher.hangs.stalls import HANG_EXIT_CODE, Stall, describe_stall
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.run.failures import Cause, JobResult, Outcome, stall_cause
+from launcher.run.process import Exit, ProcessGroup
+from parallel import contract
+from parallel.contract import Event
+from parallel.manifest import atomic_write_bytes
+
+_TICK = 0.02
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Reporter(Protocol):
+    """Where a watched node's news goes: node 0's monitor, or an agent's control lines."""
+
+    def event(self, event: Event) -> None:
+        """A rank's event, or its supervisor's ``exited``."""
+
+    def ranks_done(self, node_rank: int) -> None:
+        """Every rank of this node exited 0."""
+
+    def tick(self) -> Optional[Stall]:
+        """Called every tick: redraw, and say whether a rank fell behind the others."""
+
+
+class StopHook(Protocol):
+    """What a stop signal does before the processes are stopped (``launch.StopRequest``)."""
+
+    def __call__(self, signum: int) -> float:
+        """The seconds the ranks get to save a checkpoint and exit on their own (0: none)."""
+
+    def ranks_stopped(self) -> bool:
+        """Every rank exited: nothing to wait for."""
+
+
+class _NoSave:
+    def __call__(self, signum: int) -> float:
+        return 0.0
+
+    def ranks_stopped(self) -> bool:
+        return False
+
+
+class Watched(Protocol):
+    """The processes one watch loop supervises."""
+
+    def start(self, group: ProcessGroup, wake: threading.Event) -> None:
+        """Start every process; ``wake`` (settable from any thread) cuts a tick short."""
+
+    def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
+        """After each poll (``exits``: processes that ended since the last): the job's outcome
+        once it is decided, else None."""
+
+    def before_close(self, group: ProcessGroup, outcome: Outcome) -> None:
+        """The job ends with ``outcome``: gather what its account needs while processes live."""
+
+    def after_close(self, exits: list[Exit]) -> None:
+        """Every process is gone (``exits``: those ``close`` stopped)."""
+
+    def conclude(self, outcome: Outcome) -> JobResult:
+        """The result of a job that failed (``FAILED`` or ``STARTUP_TIMEOUT``)."""
+
+    def finished(self, elapsed: float) -> str:
+        """The line for a job that succeeded."""
+
+    @property
+    def everything(self) -> str:
+        """What an interrupt ended: ``every process``, ``every node's processes``."""
+
+
+class Watch:
+    """Runs one ``Watched`` source to its end and returns one ``JobResult``."""
+
+    def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
+                 tick: Callable[[], Optional[Stall]] = lambda: None,
+                 interval: float = _TICK, on_stop: Optional[StopHook] = None) -> None:
+        self._plan = plan
+        self._source = source
+        self._group = group
+        self._tick = tick
+        self._interval = interval
+        """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
+        short)."""
+        self._signal: Optional[int] = None
+        self._on_stop: StopHook = on_stop or _NoSave()
+        """Called once on a stop signal: the seconds the ranks get to save and exit on their
+        own (0: stop them now)."""
+        self._stop_by: Optional[float] = None
+        self._wake = threading.Event()
+        self._stall: Optional[Stall] = None
+
+    def run(self) -> JobResult:
+        started = time.time()
+        previous = self._install_signal_handlers()
+        try:
+            self._source.start(self._group, self._wake)
+            outcome = self._loop()
+            self._source.before_close(self._group, outcome)
+        finally:
+            _no_save(self._plan.log_dir)
+            closed = self._group.close(self._plan.timeouts.kill)
+            restore_signal_handlers(previous)
+        self._source.after_close(closed)
+        return self._result(outcome, time.time() - started)
+
+    def request_stop(self, signum: int) -> None:
+        """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
+        if self._signal is None:
+            self._signal = signum
+        else:  # a second signal: stop now, saved or not
+            self._stop_by = 0.0
+        self._wake.set()
+
+    def _loop(self) -> Outcome:
+        while True:
+            if self._signal is not None and self._stopping():
+                return Outcome.INTERRUPTED
+            outcome = self._source.check(self._group, self._group.poll())
+            if outcome is not None:
+                return Outcome.INTERRUPTED if self._signal is not None else outcome
+            self._stall = self._tick()
+            if self._stall is not None:
+                return Outcome.STALLED
+            self._wake.wait(self._interval)
+            self._wake.clear()
+
+    def _stopping(self) -> bool:
+        """Whether to stop the processes now that a stop signal came: at once, or once the time
+        the ranks were given to save a checkpoint and exit on their own (``on_stop``) is up."""
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + self._on_stop(self._signal or 0)
+        return time.monotonic() >= self._stop_by or self._on_stop.ranks_stopped()
+
+    def _result(self, outcome: Outcome, elapsed: float) -> JobResult:
+        job, now = self._plan.job_id, time.time()
+        if outcome is Outcome.INTERRUPTED:
+            name = signal.Signals(self._signal or 0).name
+            return JobResult(outcome, 128 + (self._signal or 0),
+                             f"npu-launch: job {job} stopped by {name}: "
+                             f"{self._source.everything} ended", now, Cause(outcome, signal=name))
+        if outcome is Outcome.STALLED and self._stall is not None:
+            return JobResult(outcome, HANG_EXIT_CODE, describe_stall(self._stall, job), now,
+                             stall_cause(self._stall))
+        if outcome is Outcome.SUCCEEDED:
+            return JobResult(outcome, 0, self._source.finished(elapsed), now)
+        return self._source.conclude(outcome)
+
+    def _install_signal_handlers(self) -> "SignalHandlers":
+        previous: SignalHandlers = {}
+        for sig in STOP_SIGNALS:
+            # Ctrl-C reaches a foreground rank through the terminal: pdb or the script decides.
+            foreground_sigint = sig == signal.SIGINT and self._plan.foreground
+            previous[sig] = signal.signal(sig, signal.SIG_IGN if foreground_sigint
+                                          else self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.request_stop(signum)
+
+
+SignalHandlers = dict[signal.Signals, Any]
+"""What ``signal.signal`` returned for each signal, to put back when the job ends."""
+
+
+def _no_save(log_dir: str) -> None:
+    """Tell ranks that get a stop signal now that no save comes: they die at once
+    (``parallel.preemption``; a save asked for is made or given up by now)."""
+    path = os.path.join(log_dir, contract.STOP_REQUEST_FILE)
+    try:
+        atomic_write_bytes(path, f"{contract.STOP_NO_SAVE}\n".encode())
+    except OSError:
+        pass
+
+
+def restore_signal_handlers(previous: SignalHandlers) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def wait_unless_signalled(seconds: float) -> Optional[int]:
+    """Wait ``seconds`` (a restart's backoff: nothing runs); the stop signal that cut it short,
+    or None."""
+    if seconds <= 0:
+        return None
+    woken = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        woken.set()
+
+    previous: SignalHandlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        woken.wait(seconds)
+    finally:
+        restore_signal_handlers(previous)
+    return received[0] if received else None

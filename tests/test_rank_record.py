@@ -1,0 +1,236 @@
+"""One rank's record, folded once from its events (``launcher.ranks.RankRecord``), and what each
+reader sees of it: the monitor's rank states, the hang check, the phases, node 0's attempt and
+each node's stall watch. In this process, on hand-fed events and a hand-moved clock."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional, cast
+
+from launcher.attempt import Attempt
+from launcher.config.devices import DeviceKind
+from launcher.config.launch_config import ConsoleFilter
+from launcher.hangs.hang_limits import Limits
+from launcher.hangs.stack_samples import StallWatch
+from launcher.hangs.stalls import HangCheck
+from launcher.observe.job_state import JobState
+from launcher.observe.monitor import JobMonitor
+from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode, Timeouts
+from launcher.ranks import RankRecord
+from launcher.run.failures import Cause, JobResult, Outcome
+from launcher.run.output import Console
+from launcher.run.process import Exit
+from launcher.run.supervisor import LocalRanks
+from parallel.contract import METRICS_FILE, Event
+
+HOSTS = {0: "node-a", 1: "node-b"}
+
+
+class Clock:
+    """The monitor's clock, moved by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def event(kind: str, rank: int, at: float, **fields) -> Event:
+    parsed = Event.parse({"event": kind, "rank": rank, "host": HOSTS.get(rank, "?"),
+                          "time": at, **fields})
+    assert parsed is not None
+    return parsed
+
+
+def life(rank: int, hang_at: Optional[float] = None) -> list[Event]:
+    """A rank's events, each stamped with the second it arrives (the rank's clock and node 0's
+    agree here): up at 10, ``init()`` 11-12, first step at 15, steps of a fit to 20; with
+    ``hang_at``, it then enters its next step and never leaves it."""
+    events = [event("started", rank, 10.0, process_start=9.5, main_thread="0x7f00"),
+              event("framework", rank, 10.2, name="mindspore"),
+              event("init-started", rank, 11.0), event("initialised", rank, 12.0),
+              event("initialised", rank, 12.1),  # parallel.init()'s, after the rank hook's
+              event("first-step", rank, 15.0),
+              event("step", rank, 16.0, step=1, saves_on_stop=True, log_every=1),
+              event("progress", rank, 17.0, count=4, busy=False, loads=0),
+              event("step", rank, 18.0, step=2), event("step", rank, 20.0, step=3)]
+    if hang_at is not None:
+        events.append(event("progress", rank, hang_at, count=4, busy=True, loads=0))
+    return events
+
+
+def plan_of(ranks: int) -> LaunchPlan:
+    """What ``Attempt.all_of`` reads of a plan: its ranks' numbers."""
+    return cast(LaunchPlan, SimpleNamespace(ranks=[SimpleNamespace(rank=r) for r in range(ranks)]))
+
+
+def fed(tmp_path: Path, clock: Clock, events: list[Event]) -> tuple[JobMonitor, Attempt]:
+    monitor = JobMonitor(str(tmp_path), "j", HOSTS, io.StringIO(), False, clock=clock)
+    attempt = Attempt(monitor)
+    for e in events:
+        clock.now = e.time or clock.now
+        attempt.event(e)
+    return monitor, attempt
+
+
+def test_the_events_fold_into_one_record_with_every_fact(tmp_path: Path) -> None:
+    clock = Clock()
+    record = RankRecord()
+    for e in life(0):
+        record.observe(e, e.time)
+    assert (record.main_thread, record.frameworks, record.calling_init, record.initialised) == \
+        ("0x7f00", frozenset({"mindspore"}), True, True)
+    assert (record.step, record.saves_on_stop, record.count, record.in_grace) == (3, True, 4, False)
+    assert (record.since, record.stepped_at, record.last_progress) == (20.0, 20.0, 20.0)
+    assert record.initialised_time == 12.0, "the second initialised repeats the first"
+    assert (record.intervals, record.longest) == (4, 2.0), "from the first step on; the compile not"
+    record.observe(event("exited", 0, 21.0, returncode=0), 21.0)
+    assert record.phases() == {"process": 0.5, "imports": 1.0, "init": 1.0, "first_step": 3.0,
+                               "training": 5.0, "exit": 1.0}
+    monitor, _ = fed(tmp_path / "m", clock, [*life(0), event("exited", 0, 21.0, returncode=0)])
+    seen = {s.rank: s.progress for s in monitor.rank_states()}
+    assert seen[0] == record, "the monitor's record is the same fold"
+
+
+def test_every_reader_reads_the_same_record(tmp_path: Path) -> None:
+    clock = Clock()
+    monitor, attempt = fed(tmp_path, clock, [*life(0), *life(1)[:3]])
+    states = {s.rank: s for s in monitor.rank_states()}
+    assert (states[0].progress.initialised, states[1].progress.initialised) == (True, False)
+    assert not attempt.all_of(plan_of(2)) and attempt.all_called_init(plan_of(2))
+    attempt.event(event("initialised", 1, 20.5))
+    assert attempt.all_of(plan_of(2))
+    attempt.step_times = [(100.0, 1), (101.0, 3)]  # the pace is the attempt's: 2 steps a second
+    assert attempt.stop_step([0]) == 3 + 1 + 2 + 1, "rank 0's last step, from its record"
+    assert attempt.stop_step([0, 1]) is None, "rank 1 never said it saves on a stop"
+    failed = JobResult(Outcome.FAILED, 1, "rank 0 failed", 21.0,
+                       Cause(Outcome.FAILED, "rank", rank=0, host="node-a", time=21.0))
+    assert attempt.failure_point(failed).where == ("step", 3)
+    clock.now = 40.0
+    check = HangCheck(monitor.rank_states, Limits(10.0, 100.0), clock)
+    assert check() is None, "rank 1 is in its grace, rank 0 alone cannot fall behind"
+    attempt.event(event("exited", 0, 41.0, returncode=0))
+    assert attempt.exited == {0} and monitor.record(0) is not None
+    assert (monitor.record(0) or RankRecord()).exit_code == 0
+
+
+def test_a_restart_begins_a_new_record_and_keeps_the_summary(tmp_path: Path) -> None:
+    clock = Clock()
+    monitor, attempt = fed(tmp_path, clock, [*life(0), event("exited", 0, 21.0, returncode=1)])
+    assert attempt.exited == {0}
+    again = Attempt(monitor)
+    assert again.exited == set() and not again.all_of(plan_of(1))
+    state = monitor.rank_states()[0]
+    assert state.progress == RankRecord() and (state.step, state.exited) == (3, False)
+
+
+def test_the_stall_watch_reads_the_supervisors_records() -> None:
+    records = {0: RankRecord(), 1: RankRecord()}
+    watch = StallWatch(Limits(10.0, 100.0), records)
+    for rank, record in records.items():
+        for e in life(rank):
+            record.observe(e, e.time)
+    assert not watch.due([0, 1], 25.0), "silent for 5 s of a 10 s limit"
+    assert watch.due([0, 1], 31.0)
+
+
+def test_the_phases_and_the_hang_check_agree_on_a_rank_that_hangs_inside_a_step(
+        tmp_path: Path) -> None:
+    """Before one fold, a rank that entered its next step at 20.4 and hung there had two last
+    progresses: the phases' marks took the call's entry (training 5.4 s, then an 79.6 s exit),
+    the hang check its last step (silent since 20.0). Entering a call is no progress: both say
+    20.0 now."""
+    clock = Clock()
+    monitor, _ = fed(tmp_path, clock, [*life(0, hang_at=20.4),
+                                       event("exited", 0, 100.0, returncode=-9)])
+    record = monitor.rank_states()[0].progress
+    assert record.since == record.last_progress == 20.0
+    assert (record.phases()["training"], record.phases()["exit"]) == (5.0, 80.0)
+
+
+def test_metrics_jsonl_read_back_gives_the_same_phases(tmp_path: Path) -> None:
+    """metrics.jsonl keeps no progress events: the monitor writes the last progress into the
+    ``exited`` record, and the report's fold of the file finds the same phases."""
+    clock = Clock()
+    monitor, _ = fed(tmp_path, clock, [*life(0), event("progress", 0, 22.0, count=9, busy=False,
+                                                       loads=0),
+                                       event("exited", 0, 23.0, returncode=0)])
+    live = monitor.rank_states()[0].progress.phases()
+    monitor.close("succeeded", 0)
+    rebuilt = JobState(HOSTS)
+    for line in (tmp_path / METRICS_FILE).read_text().splitlines():
+        e = Event.parse(json.loads(line))
+        if e is not None and e.rank is not None:
+            rebuilt.apply(e, e.time or 0.0)
+    assert live["training"] == 7.0 and rebuilt.ranks[0].progress.phases() == live
+
+
+class Recorder:
+    """A node's ``Reporter`` that keeps what the supervisor passed on."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done: list[int] = []
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def ranks_done(self, node_rank: int) -> None:
+        self.done.append(node_rank)
+
+    def tick(self) -> None:
+        return None
+
+
+class Running:
+    """A process group whose ``running`` ranks are given by hand (nothing is started)."""
+
+    def __init__(self, specs: list[ProcessSpec]) -> None:
+        self.specs = specs
+        self.pids = {s.label: 1000 + (s.rank or 0) for s in specs}
+
+    def running(self) -> list[ProcessSpec]:
+        return list(self.specs)
+
+
+def _local_ranks(tmp_path: Path) -> tuple[LocalRanks, list[ProcessSpec], Recorder]:
+    specs = [ProcessSpec(Role.RANK, r, "h", 0, r, None, str(tmp_path / f"rank_{r}.log"), {},
+                         ("python",), events_path=str(tmp_path / f"events {r}.jsonl"),
+                         error_path=str(tmp_path / f"error {r}.json")) for r in (0, 1)]
+    plan = LaunchPlan(job_id="j", log_dir=str(tmp_path), mode=StartMode.DYNAMIC_CLUSTER,
+                      device=DeviceKind.CPU, master_addr="127.0.0.1", master_port=1, world_size=2,
+                      nnodes=1, scheduler=None, ranks=tuple(specs), workdir="/",
+                      foreground=False, timeouts=Timeouts(startup=5.0))
+    reporter = Recorder()
+    ranks = LocalRanks(plan, {}, 0, Console(io.BytesIO()), ConsoleFilter(), reporter)
+    return ranks, specs, reporter
+
+
+def _write(path: str, *records: dict) -> None:
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_the_supervisor_reads_its_ranks_records(tmp_path: Path) -> None:
+    """This node's records decide the start-up timeout (a rank that began ``init()`` makes the
+    others late) and the end (only the supervisor's own exits count: an ``exited`` line a rank
+    writes itself is passed on, not believed)."""
+    ranks, specs, reporter = _local_ranks(tmp_path)
+    group = Running(specs)
+    assert ranks.check(group, []) is None
+    assert not ranks._late(group), "no rank began init() nor imported MindSpore: nothing to time"
+    _write(specs[0].events_path, {"event": "started", "rank": 0, "time": 1.0},
+           {"event": "init-started", "rank": 0, "time": 2.0},
+           {"event": "initialised", "rank": 0, "time": 3.0},
+           {"event": "exited", "rank": 0, "returncode": 0, "time": 4.0})
+    _write(specs[1].events_path, {"event": "exited", "rank": 1, "returncode": 0, "time": 4.0})
+    assert ranks.check(group, []) is None, "every rank wrote 'exited', none has"
+    assert ranks._late(group) and [s.rank for s in ranks._stuck_ranks(group)] == [1]
+    assert [e.kind for e in reporter.events] == ["started", "init-started", "initialised", "exited",
+                                                 "exited"]
+    exits = [Exit(spec, 1000 + r, 0, 5.0) for r, spec in enumerate(specs)]
+    assert ranks.check(Running([]), exits) is Outcome.SUCCEEDED
+    assert reporter.done == [0] and [e.kind for e in reporter.events[-2:]] == ["exited"] * 2
