@@ -93,7 +93,7 @@ def test_a_host_that_fails_twice_is_left_out_and_the_job_finishes_on_the_rest(
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
 
     # The 2 ranks left read the same global batches as the 4 did: same steps per epoch, and
-    # the main job's bound (tests/test_train_digits.py: 0.95 after 10 epochs).
+    # the main job's bound (tests/ranks/test_train_digits.py: 0.95 after 10 epochs).
     logs = {rank: ssh_cluster.read_text(a, work / "logs" / f"rank_{rank}.log") or ""
             for rank in (0, 1)}
     results = {int(m[1]): (float(m[2]), int(m[3]), m[4])

@@ -11,14 +11,23 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, fake_devfs, initialised, npu_launch_argv, run_launcher, wait_for
+from helpers import (
+    RANK_SCRIPTS,
+    TESTS,
+    assert_one_line_error,
+    fake_devfs,
+    initialised,
+    npu_launch_argv,
+    run_launcher,
+    wait_for,
+)
 
 from launcher.cluster.card_checks import judge_at_start, skipped_note
 from launcher.cluster.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
 from launcher.cluster.preflight import HostCheck
 from launcher.errors import LaunchError
 
-TOOLS = Path(__file__).parent / "fixtures" / "ascend_tools"
+TOOLS = TESTS / "fixtures" / "ascend_tools"
 RECORDED = (TOOLS / "npu-smi-info.txt").read_text()
 
 
@@ -178,7 +187,7 @@ def test_a_card_still_held_after_the_timeout_stops_the_restart(host: dict,
     meanwhile and never lets go: the re-check before the restart waits ``--card-free-timeout``
     and stops the job, naming the card, instead of restarting. The ranks are plain Python
     (``plain_job.py``): the re-check is the launcher's, whatever the ranks run."""
-    script = Path(__file__).parent / "rank_scripts" / "plain_job.py"
+    script = RANK_SCRIPTS / "plain_job.py"
     logs = weird_tmp / "logs"
     proc = subprocess.Popen(npu_launch_argv(
         "--device", "npu", "--max-restarts", "1", "--restart-backoff", "0",

@@ -15,12 +15,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Optional
 
 import pytest
-from helpers import TESTS, assert_no_job_processes, checksums, job_pids, npu_launch_argv, run_launcher, wait_for
+from helpers import (
+    TESTS,
+    assert_no_job_processes,
+    checksums,
+    job_pids,
+    run_launcher,
+    start_job,
+    wait_for,
+)
 
 from launcher.hangs.stalls import HANG_EXIT_CODE
 
@@ -32,12 +39,8 @@ SLEEP_LINE = next(n for n, line in enumerate(Path(PLAIN).read_text().splitlines(
 
 def _hang(tmp: Path, job: str, *options: str, style: str = "loop",
           env: Optional[dict[str, str]] = None) -> tuple[int, str, dict]:
-    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
-                           str(tmp / "logs"), "--kill-timeout", "3", *options, PLAIN,
-                           "--style", style, "--steps", "400", "--hang-rank", "1",
-                           "--hang-at-step", "3")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_job(tmp / "logs", job, PLAIN, "--style", style, "--steps", "400",
+                     "--hang-rank", "1", "--hang-at-step", "3", options=options, env=env)
     wait_for(lambda: job_pids(job), "the job's processes")
     seen = tuple(job_pids(job))
     out, err = proc.communicate(timeout=600)

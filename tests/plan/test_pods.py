@@ -3,7 +3,7 @@ operator's environment (``tests/fixtures/pods``, golden files in ``tests/golden/
 environments and options it refuses in one line, and the wait for the operator's rank table.
 
 After an intended change, refresh the golden files with ``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m
-pytest tests/test_pods.py`` and review the diff (a refreshing run compares nothing, so it reports
+pytest tests/plan/test_pods.py`` and review the diff (a refreshing run compares nothing, so it reports
 each golden test as skipped).
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import GOLDEN, assert_one_line_error, run_launcher, wait_for
+from helpers import GOLDEN, RANK_SCRIPTS, TESTS, assert_one_line_error, run_launcher, wait_for
 from helpers import assert_golden as golden
 
 from launcher.errors import LaunchError
 from launcher.plan import pod_waits, pods
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pods"
+FIXTURES = TESTS / "fixtures" / "pods"
 PODS_GOLDEN = GOLDEN / "pods"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.env"))
 _SHOWN_ENV = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID",
@@ -271,7 +271,7 @@ def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: 
     env = pod_env("ascend_scheduler_with_cards", weird_tmp, free_port(), MS_WORKER_NUM="1")
     env["PATH"] = f"{trap}:{env['PATH']}"
     job = weird_tmp / "plain_job.py"
-    job.write_text((Path(__file__).parent / "rank_scripts" / "plain_job.py").read_text())
+    job.write_text((RANK_SCRIPTS / "plain_job.py").read_text())
 
     def operator() -> None:
         # 2 s after the launcher started (not after the test did): under load its start-up
