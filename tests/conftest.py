@@ -10,9 +10,11 @@ What runs without being asked (hooks and one autouse fixture):
   the product selects, GRAPH).
 * A test module whose ``pytestmark`` carries a mark that the ``-m`` expression rejects is not
   imported at all, so ``-m "not mindspore"`` never imports MindSpore, not even to collect.
-* Under pytest-xdist (``-n N --dist loadgroup``) a test file runs on one worker (its tests may
-  share job ids and module fixtures), and every ``multinode`` test on one worker too: the
-  network namespaces and Slurm's controller are shared by the whole machine.
+* Under pytest-xdist (``-n N --dist loadgroup``, as ``.ci/run`` runs) a test file runs on one
+  worker (its tests may share job ids and module fixtures); every ``multinode`` test runs on one
+  worker (the network namespaces and Slurm's controller are shared by the whole machine), and
+  every test of ``tests/ranks`` on one worker (two real MindSpore jobs at once on 2 cores would
+  stretch the timings those tests judge).
 """
 from __future__ import annotations
 
@@ -146,8 +148,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.pluginmanager.has_plugin("xdist"):
         return
     for item in items:
-        group = "multinode" if item.get_closest_marker("multinode") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """The tests that must run on one worker together: see the module docstring."""
+    if item.get_closest_marker("multinode"):
+        return "multinode"
+    path = item.nodeid.split("::")[0]
+    return "ranks" if path.startswith("tests/ranks/") else path
 
 
 # -m: a module whose marks the expression rejects is not imported ----------------------------------
