@@ -4,7 +4,7 @@ Why not ``jsonschema`` at run time: it needs 0.6-0.9 s to check one 1024-server 
 table on this machine, longer than everything else ``validate`` does together. This module
 compiles the small subset of JSON Schema that our schema files use into plain Python checks
 (about 20x faster) and refuses any other keyword at compile time, so a schema edit can never be
-half-honoured. ``tests/test_rank_tables_validate.py`` checks that it finds the same faults, at
+half-honoured. ``tests/rank_tables/test_rank_tables_validate.py`` checks that it finds the same faults, at
 the same places, as ``jsonschema`` (the reference implementation) on every example and many
 broken variants.
 

@@ -10,15 +10,29 @@ What runs without being asked (hooks and one autouse fixture):
   the product selects, GRAPH).
 * A test module whose ``pytestmark`` carries a mark that the ``-m`` expression rejects is not
   imported at all, so ``-m "not mindspore"`` never imports MindSpore, not even to collect.
+* Under pytest-xdist (``-n N --dist loadgroup``, as ``.ci/run`` runs) a test file runs on one
+  worker (its tests may share job ids and module fixtures); every ``multinode`` test runs on one
+  worker (the network namespaces and Slurm's controller are shared by the whole machine), and
+  every test of ``tests/ranks`` on one worker (two real MindSpore jobs at once on 2 cores would
+  stretch the timings those tests judge).
 """
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import pytest
-from helpers import launcher_variables, module_marks, rejects_marks
+from helpers import (
+    RANK_SCRIPTS,
+    checksums,
+    launcher_variables,
+    module_marks,
+    rejects_marks,
+    run_launcher,
+    run_torchrun,
+)
 
 CI_SKIP = "skipped under CI=true, where every test must run"
 
@@ -59,6 +73,41 @@ def _mindspore_tests_run_in_a_lone_rank(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("lone_rank")
 
 
+# Reference results, computed once per test run ---------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ms_job_checksum(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], str]:
+    """``checksum(cards)``: what every rank of ``rank_scripts/ms_job.py --steps 3`` ends with on
+    one node of ``cards`` CPU ranks, run here once per size and test run. It is the reference the
+    engine, pod and multi-host tests compare their ranks with: a data-parallel job trains to the
+    same parameters on 1 node x N ranks as on N nodes x 1 (docs/testing.md)."""
+    known: dict[int, str] = {}
+
+    def checksum(cards: int) -> str:
+        if cards not in known:
+            logs = tmp_path_factory.mktemp(f"ms-job-reference-{cards}") / "logs"
+            result = run_launcher("--device", "cpu", "--cards", str(cards), "--log-dir",
+                                  str(logs), str(RANK_SCRIPTS / "ms_job.py"), "--steps", "3")
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+            sums = checksums(result.stdout)
+            assert len(sums) == cards and len(set(sums.values())) == 1, result.stdout[-2000:]
+            known[cards] = next(iter(sums.values()))
+        return known[cards]
+
+    return checksum
+
+
+@pytest.fixture(scope="session")
+def torchrun_result(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """``rank_scripts/torch_ddp.py`` under torchrun, 2 ranks on this node, once per test run:
+    the reference of the torch tests on one node and on the test hosts."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = run_torchrun(str(RANK_SCRIPTS / "torch_ddp.py"), tmp_path_factory.mktemp("torchrun"),
+                          env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 # CI=true: a skip is a failure ---------------------------------------------------------------------
 
 def _in_ci() -> bool:
@@ -91,6 +140,23 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     report = yield
     _fail_if_ci(report)
     return report
+
+
+# pytest-xdist: one worker per file, one worker for every multi-node test ------------------------
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.has_plugin("xdist"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """The tests that must run on one worker together: see the module docstring."""
+    if item.get_closest_marker("multinode"):
+        return "multinode"
+    path = item.nodeid.split("::")[0]
+    return "ranks" if path.startswith("tests/ranks/") else path
 
 
 # -m: a module whose marks the expression rejects is not imported ----------------------------------

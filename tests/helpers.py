@@ -52,6 +52,19 @@ def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = N
                           text=True, timeout=timeout)
 
 
+def start_job(log_dir: Path, job_id: str, script: str, *script_args: str, cards: int = 2,
+              options: Iterable[str] = (), env: Optional[dict] = None) -> subprocess.Popen:
+    """A job of ``cards`` CPU ranks on this host, started and not waited for (its output piped):
+    ``npu-launch --device cpu --cards N --job-id ID --log-dir DIR --kill-timeout 3 OPTIONS
+    SCRIPT ARGS``. The one way the single-node tests start a job they watch, signal or kill
+    while it runs; ``run_launcher`` runs one to the end."""
+    argv = npu_launch_argv("--device", "cpu", "--cards", str(cards), "--job-id", job_id,
+                           "--log-dir", str(log_dir), "--kill-timeout", "3", *options, script,
+                           *script_args)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
 def run_torchrun(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 script``; if it outlives the guard, its whole
     session is killed (torchrun's workers would outlive a torchrun killed alone)."""

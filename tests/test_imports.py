@@ -29,15 +29,27 @@ def test_test_modules_outside_the_mindspore_mark_import_without_it() -> None:
     (conftest.py leaves out the marked ones): none of them, nor the conftests and helpers, may
     load MindSpore at import time."""
     paths = [p for p in sorted(TESTS.rglob("test_*.py")) if "mindspore" not in module_marks(p)]
-    names = ["conftest", "helpers", "multinode.conftest"]
-    names += [".".join(p.relative_to(TESTS).with_suffix("").parts) for p in paths]
+    modules = [("", "conftest"), ("", "helpers"), ("", "multinode.conftest")]
+    modules += [_importable(p) for p in paths]
     code = (f"import importlib, sys\nsys.path[:0] = [{str(TESTS)!r}, {str(REPO)!r}]\n"
-            f"for n in {names!r}: importlib.import_module(n)\n"
+            f"for folder, name in {modules!r}:\n"
+            "    sys.path[:0] = [folder] if folder else []\n"
+            "    importlib.import_module(name)\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'mindspore')\n"
-            f"print('LOADED', {len(names)}, heavy)")
+            f"print('LOADED', {len(modules)}, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert f"LOADED {len(names)} []" in out.stdout, out.stdout + out.stderr
+    assert f"LOADED {len(modules)} []" in out.stdout, out.stdout + out.stderr
+    names = [name for _, name in modules]
     assert "test_config_cli" in names and "test_trainer" not in names
+
+
+def _importable(path: Path) -> tuple[str, str]:
+    """(folder to put first on ``sys.path``, module name) to import a test module as pytest
+    does: by its dotted name under ``tests/`` inside a package (``multinode``), else by its own
+    name from its folder (``tests/parallel/`` must not hide the ``parallel`` package)."""
+    if (path.parent / "__init__.py").exists():
+        return "", ".".join(path.relative_to(TESTS).with_suffix("").parts)
+    return str(path.parent), path.stem
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:

@@ -20,7 +20,9 @@ from helpers import checksums
 from .ascend import break_card, give_cards, hold_card_argv, node0_env, take_cards
 from .jobs import assert_no_job_processes, initialised, job_dir, launch_on, run_on_node0, wait_slowly, write_hostfile
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+pytestmark = pytest.mark.multinode
+JOB = "plain_job.py"
+"""Plain-Python ranks that write the contract's events (card checks are the launcher's)."""
 
 
 @pytest.fixture
@@ -42,10 +44,10 @@ def test_link_down_refused_then_left_out_with_min_nodes(cards, tmp_path_factory)
     cluster = cards
     work = tmp_path_factory.mktemp("link-down")
     write_hostfile(work, cluster, slots=2)
-    job_dir(cluster, work)
+    job_dir(cluster, work, scripts=(JOB,))
     a, b = cluster.names
     break_card(cluster, b, "link_1", "DOWN")
-    refused = run_on_node0(cluster, _args(cluster, work, "cards-refused", "ms_job.py"),
+    refused = run_on_node0(cluster, _args(cluster, work, "cards-refused", JOB),
                            cwd=work, env=node0_env(cluster))
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines() == [
@@ -63,7 +65,7 @@ def test_link_down_refused_then_left_out_with_min_nodes(cards, tmp_path_factory)
     assert "1 bad" in rows[b] and "FAIL: card 1: link DOWN (hccn_tool -i 1 -link -g)" in rows[b]
 
     shrunk = run_on_node0(cluster, _args(cluster, work, "cards-shrunk", "--min-nodes", "1",
-                                         "--max-restarts", "1", "ms_job.py", "--steps", "3"),
+                                         "--max-restarts", "1", JOB, "--steps", "3"),
                           cwd=work, env=node0_env(cluster))
     assert shrunk.returncode == 0, shrunk.stderr[-3000:]
     assert (f"npu-launch: leaving {b} out at start-up: {b} card 1: link DOWN (hccn_tool -i 1 "
@@ -78,11 +80,11 @@ def test_a_host_without_tools_is_named_once(cards, tmp_path_factory) -> None:
     cluster = cards
     work = tmp_path_factory.mktemp("no-tools")
     write_hostfile(work, cluster, slots=2)
-    job_dir(cluster, work)
+    job_dir(cluster, work, scripts=(JOB,))
     a, b = cluster.names
     give_cards(cluster, b, (0, 1), tools=False)
     result = run_on_node0(cluster, _args(cluster, work, "cards-unchecked", "--dry-run",
-                                         "ms_job.py"), cwd=work, env=node0_env(cluster))
+                                         JOB), cwd=work, env=node0_env(cluster))
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "skipped" in line]
     assert said == [f"npu-launch: card checks skipped on {b} (health and processes: no npu-smi; "
@@ -93,11 +95,11 @@ def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory
     cluster = cards
     work = tmp_path_factory.mktemp("held")
     write_hostfile(work, cluster, slots=1)
-    job_dir(cluster, work)
+    job_dir(cluster, work, scripts=(JOB,))
     a, b = cluster.names
     job = "cards-held"
     proc = launch_on(cluster, a, _args(cluster, work, job, "--max-restarts", "1",
-                                       "--restart-backoff", "0", "ms_job.py",
+                                       "--restart-backoff", "0", JOB,
                                        "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
                      cwd=work, env=node0_env(cluster))
     wait_slowly(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,

@@ -2,7 +2,8 @@
 slurmctld with one slurmd per host) and OpenMPI's mpirun (over the hosts' sshd).
 
 The launcher (and ``salloc``) runs inside the first host, from the job's directory, which is
-copied to every host first; results and leftovers are looked up inside each host."""
+copied to every host first; results and leftovers are looked up inside each host. The ranks
+end with the checksum of the same job on one node (``ms_job_checksum``, once per test run)."""
 from __future__ import annotations
 
 import shutil
@@ -23,18 +24,8 @@ def _job(cluster, tmp: Path) -> str:
     return str(tmp / "ms_job.py")
 
 
-def _reference(cluster, tmp: Path, job: str) -> str:
-    """The checksum both ranks of the same job reach on one node (the first host)."""
-    single = run_on_node0(cluster, ["--device", "cpu", "--cards", "2", "--log-dir",
-                                    str(tmp / "one"), job, "--steps", "3"], cwd=tmp)
-    assert single.returncode == 0, single.stderr[-3000:]
-    sums = checksums(single.stdout)
-    assert len(sums) == 2, single.stdout[-2000:]
-    (value,) = set(sums.values())
-    return value
-
-
-def test_slurm_allocation_runs_one_agent_per_node(slurm_cluster, weird_tmp: Path) -> None:
+def test_slurm_allocation_runs_one_agent_per_node(slurm_cluster, ms_job_checksum,
+                                                  weird_tmp: Path) -> None:
     job = _job(slurm_cluster, weird_tmp)
     result = run_on_node0(slurm_cluster, [
         "--launcher", "slurm", "--cards", "1", "--device", "cpu", "--job-id", "sl-job",
@@ -44,13 +35,13 @@ def test_slurm_allocation_runs_one_agent_per_node(slurm_cluster, weird_tmp: Path
     sums = checksums(result.stdout)
     a, b = slurm_cluster.names
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}, result.stdout[-2000:]
-    assert set(sums.values()) == {_reference(slurm_cluster, weird_tmp, job)}
+    assert set(sums.values()) == {ms_job_checksum(2)}
     assert "2 rank(s) on 2 node(s) exited 0" in result.stderr
     assert_no_job_processes(slurm_cluster, "sl-job")
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
-def test_mpirun_runs_one_agent_per_host(ssh_cluster, weird_tmp: Path) -> None:
+def test_mpirun_runs_one_agent_per_host(ssh_cluster, ms_job_checksum, weird_tmp: Path) -> None:
     job = _job(ssh_cluster, weird_tmp)
     result = run_on_node0(ssh_cluster, [
         "--launcher", "mpi", "--hostfile", str(weird_tmp / "hosts"),
@@ -62,11 +53,11 @@ def test_mpirun_runs_one_agent_per_host(ssh_cluster, weird_tmp: Path) -> None:
     sums = checksums(result.stdout)
     a, b = ssh_cluster.names
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
-    assert set(sums.values()) == {_reference(ssh_cluster, weird_tmp, job)}
+    assert set(sums.values()) == {ms_job_checksum(2)}
     assert_no_job_processes(ssh_cluster, "mpi-job")
 
 
-def test_by_hand_on_each_node_like_msrun(ssh_cluster, weird_tmp: Path) -> None:
+def test_by_hand_on_each_node_like_msrun(ssh_cluster, ms_job_checksum, weird_tmp: Path) -> None:
     job = _job(ssh_cluster, weird_tmp)
     a, b = ssh_cluster.names
     master = ssh_cluster.addresses[0]
@@ -80,7 +71,7 @@ def test_by_hand_on_each_node_like_msrun(ssh_cluster, weird_tmp: Path) -> None:
         assert proc.returncode == 0, err[-3000:]
     sums = {**checksums(outs[0][0]), **checksums(outs[1][0])}
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}
-    assert set(sums.values()) == {_reference(ssh_cluster, weird_tmp, job)}
+    assert set(sums.values()) == {ms_job_checksum(2)}
     # Node 1's launcher keeps its summary on node 1's own disk.
     assert ssh_cluster.exists(b, weird_tmp / "byhand" / "hosts" / b / "summary.json")
     assert_no_job_processes(ssh_cluster, "by-hand")

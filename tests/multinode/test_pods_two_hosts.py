@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 from helpers import checksums
 
-from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0
+from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on
 
 pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
 
@@ -56,19 +56,10 @@ def tables(ssh_cluster) -> Iterator[dict[str, Path]]:
             path.rmdir()
 
 
-@pytest.fixture(scope="module")
-def reference(ssh_cluster, tmp_path_factory) -> str:
-    """The checksum both ranks reach with ``--cards 2`` on the first host."""
-    tmp = tmp_path_factory.mktemp("pod-reference")
-    job_dir(ssh_cluster, tmp)
-    single = run_on_node0(ssh_cluster, ["--device", "cpu", "--cards", "2", "--log-dir",
-                                        str(tmp / "one"), str(tmp / "ms_job.py"), "--steps", "3"],
-                          cwd=tmp)
-    assert single.returncode == 0, single.stderr[-3000:]
-    sums = checksums(single.stdout)
-    assert len(sums) == 2, single.stdout[-2000:]
-    (value,) = set(sums.values())
-    return value
+@pytest.fixture
+def reference(ms_job_checksum) -> str:
+    """The checksum both ranks reach with ``--cards 2`` on one node."""
+    return ms_job_checksum(2)
 
 
 def _pod_env(cluster, **pod: str) -> dict[str, str]:

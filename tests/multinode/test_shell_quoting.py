@@ -13,7 +13,7 @@ agent's command), Slurm's srun, OpenMPI's mpirun (its daemons start over ssh), a
 (a probe per host over ssh).
 
 Host and user names cannot carry such values: the hostfile parser refuses them
-(tests/test_hostfile_bounds.py), and no such host could exist to test against.
+(tests/config/test_hostfile_bounds.py), and no such host could exist to test against.
 """
 from __future__ import annotations
 

@@ -4,13 +4,11 @@ torchrun on one node, and no host runs a MindSpore process (no scheduler, no ran
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, run_torchrun
 
 from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, write_hostfile
 
@@ -18,13 +16,11 @@ pytestmark = [pytest.mark.multinode, pytest.mark.torch]
 _CHECKSUM = re.compile(r"\[([^:\]]+):(\d+)\] rank \d+/2 checksum (\S+)")
 
 
-@pytest.fixture(scope="module")
-def torchrun_checksum(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """What both ranks reach under torchrun, 2 ranks on one node (here, outside the hosts)."""
-    result = run_torchrun(str(RANK_SCRIPTS / "torch_ddp.py"), tmp_path_factory.mktemp("torchrun"),
-                          dict(os.environ))
-    assert result.returncode == 0, result.stderr[-3000:]
-    (value,) = set(re.findall(r"checksum (\S+)", result.stdout))
+@pytest.fixture
+def torchrun_checksum(torchrun_result: subprocess.CompletedProcess) -> str:
+    """What both ranks reach under torchrun, 2 ranks on one node (here, outside the hosts; the
+    session's ``torchrun_result``)."""
+    (value,) = set(re.findall(r"checksum (\S+)", torchrun_result.stdout))
     return value
 
 

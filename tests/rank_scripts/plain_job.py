@@ -22,6 +22,9 @@ directory; at the step written there it prints ``saves step K`` and exits 0 (it 
 --step-time S: each step takes at least S seconds.
 --fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
+--peer-loss-wait S: a rank whose peer left waits S seconds before it raises, as a MindSpore rank
+waits in its collective (about 30 s on CPU) before giving up: the rank that failed first is then
+the only one that failed before the launcher's teardown (default 0: it raises at once).
 """
 import argparse
 import atexit
@@ -48,6 +51,7 @@ parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A
 parser.add_argument("--fail-init-on-host", default=None)
 parser.add_argument("--hang-in-attempt", type=int, default=-1, help="only then (default: always)")
 parser.add_argument("--ignore-sigterm", type=int, default=-1)
+parser.add_argument("--peer-loss-wait", type=float, default=0)
 args = parser.parse_args()
 attempt = int(os.environ.get("NPU_LAUNCH_RESTART", "0"))
 failing = {int(r) for a, r in (item.split(":") for item in args.fail_at_attempt) if int(a) == attempt}
@@ -56,14 +60,30 @@ address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 _NUMBER = struct.Struct("!d")
 
 
+def peer_left(cause: "Exception | None" = None) -> None:
+    """Raise as a rank whose peer left, after ``--peer-loss-wait`` seconds."""
+    time.sleep(args.peer_loss_wait)
+    raise ConnectionError("a peer left the job") from cause
+
+
 def recv_number(conn: socket.socket) -> float:
     data = b""
     while len(data) < _NUMBER.size:
-        chunk = conn.recv(_NUMBER.size - len(data))
+        try:
+            chunk = conn.recv(_NUMBER.size - len(data))
+        except ConnectionError as e:
+            peer_left(e)
         if not chunk:
-            raise ConnectionError("a peer left the job")
+            peer_left()
         data += chunk
     return _NUMBER.unpack(data)[0]
+
+
+def send_number(conn: socket.socket, value: float) -> None:
+    try:
+        conn.sendall(_NUMBER.pack(value))
+    except ConnectionError as e:
+        peer_left(e)
 
 
 def init() -> list:
@@ -85,9 +105,9 @@ def all_reduce(peers: list, value: float) -> float:
     if rank == 0:
         total = value + sum(recv_number(c) for c in peers)
         for conn in peers:
-            conn.sendall(_NUMBER.pack(total))
+            send_number(conn, total)
     else:
-        peers[0].sendall(_NUMBER.pack(value))
+        send_number(peers[0], value)
         total = recv_number(peers[0])
     return total
 

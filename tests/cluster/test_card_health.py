@@ -11,14 +11,23 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, fake_devfs, initialised, npu_launch_argv, run_launcher, wait_for
+from helpers import (
+    RANK_SCRIPTS,
+    TESTS,
+    assert_one_line_error,
+    fake_devfs,
+    initialised,
+    npu_launch_argv,
+    run_launcher,
+    wait_for,
+)
 
 from launcher.cluster.card_checks import judge_at_start, skipped_note
 from launcher.cluster.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
 from launcher.cluster.preflight import HostCheck
 from launcher.errors import LaunchError
 
-TOOLS = Path(__file__).parent / "fixtures" / "ascend_tools"
+TOOLS = TESTS / "fixtures" / "ascend_tools"
 RECORDED = (TOOLS / "npu-smi-info.txt").read_text()
 
 
@@ -172,13 +181,13 @@ def test_a_single_node_with_a_bad_card_starts_nothing(host: dict, weird_tmp: Pat
     assert not (weird_tmp / "logs").exists()
 
 
-@pytest.mark.mindspore
 def test_a_card_still_held_after_the_timeout_stops_the_restart(host: dict,
                                                                 weird_tmp: Path) -> None:
-    """One node, 2 MindSpore ranks on fake cards: rank 1 fails in attempt 0; a stray process
-    took card 1 meanwhile and never lets go: the re-check before the restart waits
-    ``--card-free-timeout`` and stops the job, naming the card, instead of restarting."""
-    script = Path(__file__).parent / "rank_scripts" / "ms_job.py"
+    """One node, 2 ranks on fake cards: rank 1 fails in attempt 0; a stray process took card 1
+    meanwhile and never lets go: the re-check before the restart waits ``--card-free-timeout``
+    and stops the job, naming the card, instead of restarting. The ranks are plain Python
+    (``plain_job.py``): the re-check is the launcher's, whatever the ranks run."""
+    script = RANK_SCRIPTS / "plain_job.py"
     logs = weird_tmp / "logs"
     proc = subprocess.Popen(npu_launch_argv(
         "--device", "npu", "--max-restarts", "1", "--restart-backoff", "0",

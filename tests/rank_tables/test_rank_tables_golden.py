@@ -2,7 +2,7 @@
 
 Each test runs the real command against fake Ascend hosts (``tests/fixtures/ascend``) and compares
 the file it wrote, byte for byte, with ``tests/golden/<name>``. After an intended change, refresh
-them with ``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m pytest tests/test_rank_tables_golden.py`` and
+them with ``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m pytest tests/rank_tables/test_rank_tables_golden.py`` and
 review the diff (a refreshing run compares nothing, so it reports each test as skipped).
 """
 from __future__ import annotations

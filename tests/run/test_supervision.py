@@ -26,8 +26,8 @@ from helpers import (
     checksums,
     initialised,
     job_pids,
-    npu_launch_argv,
     run_launcher,
+    start_job,
     wait_for,
     worker_pid,
 )
@@ -40,9 +40,7 @@ MS_JOB = str(RANK_SCRIPTS / "ms_job.py")
 
 def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = (),
             script: str = JOB) -> subprocess.Popen:
-    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job_id, "--log-dir",
-                           str(tmp / "logs"), "--kill-timeout", "3", *extra, script, *script_args)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_job(tmp / "logs", job_id, script, *script_args, options=extra)
 
 
 def _root_cause(tmp: Path) -> dict:
@@ -117,7 +115,7 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
 
 def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
-                   extra=("--startup-timeout", "20"))
+                   extra=("--startup-timeout", "8"))
     wait_for(lambda: job_pids("hang-job"), "the job's processes")
     seen = tuple(job_pids("hang-job"))
     out, err = proc.communicate(timeout=200)

@@ -13,12 +13,21 @@ measures hang-to-exit times.
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import subprocess
 from pathlib import Path
+from typing import Optional
 
 import pytest
-from helpers import TESTS, assert_no_job_processes, checksums, job_pids, npu_launch_argv, run_launcher, wait_for
+from helpers import (
+    TESTS,
+    assert_no_job_processes,
+    checksums,
+    job_pids,
+    run_launcher,
+    start_job,
+    wait_for,
+)
 
 from launcher.hangs.stalls import HANG_EXIT_CODE
 
@@ -28,12 +37,10 @@ SLEEP_LINE = next(n for n, line in enumerate(Path(PLAIN).read_text().splitlines(
                   if "time.sleep(3600)" in line)
 
 
-def _hang(tmp: Path, job: str, *options: str, style: str = "loop") -> tuple[int, str, dict]:
-    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
-                           str(tmp / "logs"), "--kill-timeout", "3", *options, PLAIN,
-                           "--style", style, "--steps", "400", "--hang-rank", "1",
-                           "--hang-at-step", "3")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _hang(tmp: Path, job: str, *options: str, style: str = "loop",
+          env: Optional[dict[str, str]] = None) -> tuple[int, str, dict]:
+    proc = start_job(tmp / "logs", job, PLAIN, "--style", style, "--steps", "400",
+                     "--hang-rank", "1", "--hang-at-step", "3", options=options, env=env)
     wait_for(lambda: job_pids(job), "the job's processes")
     seen = tuple(job_pids(job))
     out, err = proc.communicate(timeout=600)
@@ -66,8 +73,11 @@ def test_the_sleeping_rank_is_blamed_with_its_stack(weird_tmp: Path, style: str)
 
 
 def test_a_communication_timeout_is_the_consequence_of_the_stalled_rank(weird_tmp: Path) -> None:
-    """--hang-timeout longer than MindSpore's own 30 s: rank 0 raises first, rank 1 is blamed."""
-    code, err, summary = _hang(weird_tmp, "hang-victim", "--hang-timeout", "300")
+    """--hang-timeout longer than MindSpore's own communication timeout: rank 0 raises first,
+    rank 1 is blamed. That timeout is about 30 s on CPU; ``MS_CPU_COMM_OP_TIMEOUT`` (read by
+    MindSpore's CPU collective) brings it to 5 s, and the job from about 50 s to 17 s."""
+    env = {**os.environ, "MS_CPU_COMM_OP_TIMEOUT": "5"}
+    code, err, summary = _hang(weird_tmp, "hang-victim", "--hang-timeout", "300", env=env)
     assert code == HANG_EXIT_CODE, err[-3000:]
     assert "rank 1 on" in err and "hangs: no progress for" in err, err[-3000:]
     assert "rank 0's failure followed from it (it waited on rank 1)" in err, err[-3000:]

@@ -3,7 +3,7 @@ operator's environment (``tests/fixtures/pods``, golden files in ``tests/golden/
 environments and options it refuses in one line, and the wait for the operator's rank table.
 
 After an intended change, refresh the golden files with ``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m
-pytest tests/test_pods.py`` and review the diff (a refreshing run compares nothing, so it reports
+pytest tests/plan/test_pods.py`` and review the diff (a refreshing run compares nothing, so it reports
 each golden test as skipped).
 """
 from __future__ import annotations
@@ -16,14 +16,15 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import GOLDEN, assert_one_line_error, run_launcher
+from helpers import GOLDEN, RANK_SCRIPTS, TESTS, assert_one_line_error, run_launcher, wait_for
 from helpers import assert_golden as golden
 
 from launcher.errors import LaunchError
 from launcher.plan import pod_waits, pods
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pods"
+FIXTURES = TESTS / "fixtures" / "pods"
 PODS_GOLDEN = GOLDEN / "pods"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.env"))
 _SHOWN_ENV = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID",
@@ -257,10 +258,10 @@ def test_the_mounted_table_is_waited_for_only_where_its_folder_is(monkeypatch) -
     assert pods.read_pod({k: v for k, v in env.items() if k != "KUBERNETES_SERVICE_HOST"}) is None
 
 
-@pytest.mark.mindspore
 def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: Path) -> None:
     """A one-node ascend-operator job whose scheduler pod has the cards: the rank starts only
-    once the table reads completed, fails, and the pod ends with its code; no ssh is run."""
+    once the table reads completed, fails, and the pod ends with its code; no ssh is run. The
+    rank is plain Python (``plain_job.py``): the wait is the launcher's."""
     table = weird_tmp / "hccl.json"
     table.write_text('{"status": "initializing"}')
     trap = weird_tmp / "bin"
@@ -269,10 +270,14 @@ def test_a_pod_waits_for_its_table_then_ends_with_the_jobs_exit_code(weird_tmp: 
     (trap / "ssh").chmod(0o755)
     env = pod_env("ascend_scheduler_with_cards", weird_tmp, free_port(), MS_WORKER_NUM="1")
     env["PATH"] = f"{trap}:{env['PATH']}"
-    job = weird_tmp / "ms_job.py"
-    job.write_text((Path(__file__).parent / "rank_scripts" / "ms_job.py").read_text())
+    job = weird_tmp / "plain_job.py"
+    job.write_text((RANK_SCRIPTS / "plain_job.py").read_text())
 
     def operator() -> None:
+        # 2 s after the launcher started (not after the test did): under load its start-up
+        # alone can take that long, and a table completed before it looks is not waited for.
+        wait_for(lambda: any("podfail" in (p.info["cmdline"] or []) for p in
+                             psutil.process_iter(["cmdline"])), "the launcher of the pod's job")
         time.sleep(2)
         table.write_text('{"status": "completed", "server_count": "1", "server_list": []}')
         completed.append(time.time())

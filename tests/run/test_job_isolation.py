@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import RANK_SCRIPTS, alive, initialised, job_pids, npu_launch_argv, run_launcher, wait_for
+from helpers import RANK_SCRIPTS, alive, initialised, job_pids, npu_launch_argv, run_launcher, start_job, wait_for
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")  # plain-Python ranks: no MindSpore process
 
@@ -26,9 +26,7 @@ def _decoy(job_id: str) -> subprocess.Popen:
 
 
 def _launch(logs: Path, job_id: str, *script_args: str) -> subprocess.Popen:
-    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job_id, "--log-dir",
-                           str(logs), "--kill-timeout", "3", JOB, *script_args)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_job(logs, job_id, JOB, *script_args)
 
 
 def test_a_failing_job_leaves_another_jobs_process_with_the_same_id_alone(weird_tmp: Path) -> None:

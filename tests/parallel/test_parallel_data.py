@@ -309,7 +309,7 @@ def test_prepare_data_writes_an_npz_and_refuses_to_overwrite(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
     np.savez(tmp_path / "arrays.npz", id=np.arange(12), x=np.ones((12, 3), np.float32))
     out = tmp_path / "out set.mindrecord"
     command = [sys.executable, str(script), "npz", str(tmp_path / "arrays.npz"), str(out), "--files", "3"]

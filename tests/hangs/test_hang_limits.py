@@ -2,9 +2,10 @@
 ``--hang-timeout`` a hang in a job of sub-second steps is named by the learnt limit, which the
 message names; a rank that saves or evaluates alone for long, or a slow first compilation, is
 no hang. The ranks are plain Python reporting the contract's events themselves
-(``tests/plain_scripts/paced_ranks.py``): what is proven is the launcher's judgement. The job
-still starts MindSpore's scheduler (2 ranks on CPU), hence the mark. The rank hook's wrappers
-of MindSpore's saves and evaluations are checked on MindSpore itself."""
+(``tests/plain_scripts/paced_ranks.py``): what is proven is the launcher's judgement, and no
+MindSpore process starts (no rank imports it, so no scheduler either). The rank hook's wrappers
+of MindSpore's saves and evaluations are checked on MindSpore itself (the one test marked
+``mindspore``)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ from helpers import REPO, TESTS, assert_no_job_processes, run_launcher
 from launcher.hangs.stalls import HANG_EXIT_CODE
 from launcher.run.restarts import NO_PROGRESS_EXIT_CODE
 
-pytestmark = pytest.mark.mindspore
 PACED = str(TESTS / "plain_scripts" / "paced_ranks.py")
 CPU = ("--device", "cpu", "--cards", "2")
 
@@ -61,6 +61,7 @@ def test_one_rank_saving_or_evaluating_long_after_a_slow_compile_is_no_hang(
     assert_no_job_processes(f"healthy-{kind}")
 
 
+@pytest.mark.mindspore
 def test_the_rank_hook_wraps_mindsporess_saves_and_evaluations(tmp_path: Path) -> None:
     """With the hook installed (as in every rank), ``save_checkpoint`` (also as the checkpoint
     callback and ``mindspore`` bind it) and ``Model.eval`` are sections; a real save shows as

@@ -5,7 +5,7 @@ data-parallel job ``tests/rank_scripts/ms_job.py``.
 Each line becomes the npu-launch job it means: the ``npu-launch run`` options, the notes and the
 ``LaunchConfig`` are compared with ``tests/golden/msrun/<sample>.json`` and with an explicit
 expectation. After an intended change, refresh the golden files with
-``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m pytest tests/test_msrun_samples.py`` and review the diff
+``NPU_LAUNCH_UPDATE_GOLDEN=1 python -m pytest tests/ranks/test_msrun_samples.py`` and review the diff
 (a refreshing run compares nothing, so it reports each of those tests as skipped).
 
 Two of them also run for real, shrunk to 2 CPU ranks and a free port: ``msrun_single.sh`` as one

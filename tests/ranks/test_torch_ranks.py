@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, npu_launch_argv, run_torchrun, wait_for
+from helpers import RANK_SCRIPTS, assert_no_job_processes, job_pids, start_job, wait_for
 
 from launcher.hangs.stalls import HANG_EXIT_CODE
 
@@ -35,30 +35,16 @@ def rank_values(output: str, pattern: re.Pattern) -> dict[int, str]:
     return {int(m.group(1)): m.group(m.re.groups) for m in pattern.finditer(output)}
 
 
-@pytest.fixture(scope="module")
-def torchrun_result(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
-    """The same script under torchrun, once per test run: the reference."""
-    cwd = tmp_path_factory.mktemp("torchrun")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    result = run_torchrun(DDP, cwd, env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-
 def launch(tmp: Path, job: str, *script_args: str, options: tuple[str, ...] = ()
            ) -> tuple[subprocess.CompletedProcess, tuple[int, ...]]:
     """npu-launch --cards 2 on this host, the pids it ran, and nothing of the job left after."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
-                           str(tmp / "logs"), "--kill-timeout", "3", *options, DDP, *script_args)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_job(tmp / "logs", job, DDP, *script_args, options=options, env=env)
     wait_for(lambda: job_pids(job) or proc.poll() is not None, "the job's processes")
     seen = tuple(job_pids(job))
     out, err = proc.communicate(timeout=300)
     assert_no_job_processes(job, seen)
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err), seen
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
 
 
 def no_mindspore_ran(log_dir: Path, output: str) -> None:

@@ -20,7 +20,7 @@ from parallel import contract
 from parallel.config import DeviceTarget, ParallelConfig
 
 pytestmark = pytest.mark.mindspore
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GRAPH_MODE, PYNATIVE_MODE = 0, 1  # mindspore.GRAPH_MODE, mindspore.PYNATIVE_MODE
 CONTEXT_KEYS = ["parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch",
                 "enable_parallel_optimizer", "pipeline_stages"]

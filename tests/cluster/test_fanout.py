@@ -122,7 +122,7 @@ def _run_agents(tmp: Path, hosts: int, fanout: int, modes: list[str]) -> tuple[O
                                                          str(i), modes[i]]), b"plan\n", fanout)
               for i in range(hosts)]
     prepare_dirs(plan.log_dir, [p for a in agents for p in a.spec.files])
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = run_agents(plan, agents, ConsoleFilter(), env, Console(io.BytesIO()), _Quiet())
     return result.outcome, log
 
