@@ -134,7 +134,8 @@ class ProcessGroup:
         self._signal_all(signal.SIGKILL)
         ended += self._wait_until(time.monotonic() + 5.0)
         if self._node_rank is not None and self._token:
-            kill_job_strays(self._token, self._node_rank)
+            # Gone, not only signalled: a stray dying as the launcher exits is still running.
+            psutil.wait_procs(kill_job_strays(self._token, self._node_rank), timeout=5.0)
         for pump in self._pumps.values():
             pump.join(1.0)
         return ended
@@ -177,8 +178,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def kill_job_strays(token: str, node_rank: int) -> list[int]:
-    """SIGKILL every process whose environment carries this launch's ``token`` and node rank.
+def kill_job_strays(token: str, node_rank: int) -> list[psutil.Process]:
+    """SIGKILL every process whose environment carries this launch's ``token`` and node rank;
+    the ones signalled.
 
     The node rank matters where several "hosts" share one process table (containers, network
     namespaces): each node agent must sweep only its own node's processes.
@@ -187,7 +189,7 @@ def kill_job_strays(token: str, node_rank: int) -> list[int]:
     for proc in job_processes(token, node_rank):
         try:
             proc.kill()
-            killed.append(proc.pid)
+            killed.append(proc)
         except psutil.Error:
             pass
     return killed

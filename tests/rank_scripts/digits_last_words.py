@@ -1,6 +1,6 @@
 """scripts/train_digits.py for the last-words tests (issue 24 part 1).
 
---ckpt-every-steps N: a periodic checkpoint every N steps too (what last words are compared with).
+--ckpt-at-steps N,M: periodic checkpoints of these steps too (what last words are compared with).
 --kill-at-step N: in the first attempt, rank 1 SIGKILLs itself after step N.
 --hang-at-step N: in the first attempt, rank 1 stops after step N (sleeps: a hung rank).
 """
@@ -20,12 +20,19 @@ from parallel import contract  # noqa: E402
 from parallel.trainer import Callback  # noqa: E402
 
 
-class EverySteps(Callback):
-    def __init__(self, steps: int) -> None:
+class AtSteps(Callback):
+    """A periodic checkpoint of each of ``steps``: the trainer saves after the step callbacks
+    when its ``ckpt_every_steps`` divides the step, so it is 1 for just those steps."""
+
+    def __init__(self, steps: set[int]) -> None:
         self.steps = steps
 
     def on_fit_start(self, trainer):  # type: ignore[no-untyped-def]
-        trainer.options = dataclasses.replace(trainer.options, ckpt_every_steps=self.steps)
+        self.trainer = trainer
+
+    def on_step_end(self, info):  # type: ignore[no-untyped-def]
+        every = 1 if info.global_step in self.steps else None
+        self.trainer.options = dataclasses.replace(self.trainer.options, ckpt_every_steps=every)
 
 
 class FaultAtStep(Callback):
@@ -40,13 +47,14 @@ class FaultAtStep(Callback):
 
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--ckpt-every-steps", type=int, default=0)
+parser.add_argument("--ckpt-at-steps", default="")
 parser.add_argument("--kill-at-step", type=int, default=-1)
 parser.add_argument("--hang-at-step", type=int, default=-1)
 ours, rest = parser.parse_known_args()
 rank = int(os.environ[contract.RANK_ID])
 first_attempt = os.environ.get(contract.RESTART, "0") == "0"
-callbacks: list[Callback] = [EverySteps(ours.ckpt_every_steps)] if ours.ckpt_every_steps else []
+at = {int(step) for step in ours.ckpt_at_steps.split(",") if step}
+callbacks: list[Callback] = [AtSteps(at)] if at else []
 if rank == 1 and first_attempt and max(ours.kill_at_step, ours.hang_at_step) >= 0:
     hang = ours.hang_at_step >= 0
     callbacks.append(FaultAtStep(ours.hang_at_step if hang else ours.kill_at_step, hang))
