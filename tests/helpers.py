@@ -178,7 +178,17 @@ def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
     """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
     left = job_pids(job_id)
     running = [p for p in pids if alive(p)]
-    assert not left and not running, f"job {job_id} left processes: {left or running}"
+    assert not left and not running, \
+        f"job {job_id} left processes: {[_described(p) for p in left or running]}"
+
+
+def _described(pid: int) -> str:
+    """``pid (status) command line``, for a message."""
+    try:
+        proc = psutil.Process(pid)
+        return f"{pid} ({proc.status()}, parent {proc.ppid()}) {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"{pid} (gone)"
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> object:

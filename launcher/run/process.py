@@ -161,14 +161,30 @@ class ProcessGroup:
     def _wait_until(self, deadline: float) -> list[Exit]:
         ended = []
         while self._running and time.monotonic() < deadline:
+            self._sweep_exited_groups()
             ended += self.poll()
             if self._running:
                 time.sleep(_POLL_INTERVAL)
-        # The leader may be gone while the rest of its group still runs: sweep the group too.
-        for exit_ in ended:
-            if exit_.spec.label in self._pumps:
-                _signal_group(exit_.pid, signal.SIGKILL)
         return ended
+
+    def _sweep_exited_groups(self) -> None:
+        """A leader may be gone while the rest of its group still runs: SIGKILL the group of
+        each leader that exited, while its exit is not yet reaped. Once reaped, its number is
+        free, and on a busy host (pid_max 32768 here) the kernel can give it to an unrelated
+        process group: a sweep after the reap could kill a process this launch never started.
+        A member that outlives a leader reaped between two sweeps carries the launch's token:
+        ``kill_job_strays`` ends it."""
+        for label, (_, proc) in self._running.items():
+            if label in self._pumps and proc.returncode is None and _exited_unreaped(proc.pid):
+                _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _exited_unreaped(pid: int) -> bool:
+    """Whether our child ``pid`` exited (it is not reaped: ``WNOWAIT``)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
