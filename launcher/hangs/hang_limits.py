@@ -152,6 +152,5 @@ def _seconds(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
 
 
-RankProgress = RankRecord  # the name the hang tests know
 """What the limits read of a rank: its record (``launcher.ranks.record``), one fold for the hang
 check, the phases, the monitor and the attempt."""

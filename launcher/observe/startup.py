@@ -28,13 +28,12 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping, Optional
 
-from launcher.ranks.record import PHASES, RankRecord
+from launcher.ranks.record import PHASES
 
 _SHOWN = {"process": "process", "imports": "imports", "init": "init()",
           "first_step": "first step", "training": "training", "exit": "exit"}
 
 
-Marks = RankRecord  # the name the phase tests know
 """A rank's phase boundaries are its record's marks (``launcher.ranks.record``: one fold for
 the phases, the hang check, the monitor and the attempt); ``RankRecord.phases`` measures them."""
 

@@ -10,9 +10,10 @@ from typing import Optional
 
 import pytest
 
-from launcher.hangs.hang_limits import Learnt, Limits, RankProgress
+from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stack_samples import StackSample
 from launcher.hangs.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before
+from launcher.ranks.record import RankRecord
 from parallel import contract, progress
 from parallel.contract import Event
 
@@ -29,7 +30,7 @@ class State:
     rank: int
     host: str = "h"
     step: Optional[int] = None
-    progress: RankProgress = dataclasses.field(default_factory=RankProgress)
+    progress: RankRecord = dataclasses.field(default_factory=RankRecord)
     finished: bool = False
     exited: bool = False
 
@@ -54,7 +55,7 @@ def stepping(ranks: int, until: float, count: int = 5) -> list[State]:
 
 
 def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
-    p = RankProgress()
+    p = RankRecord()
     p.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
     assert (p.since, p.in_grace, LIMITS.of(p)) == (1.0, True, 100.0)
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=0, busy=True, loads=0), 5.0)
@@ -67,7 +68,7 @@ def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
     assert (p.since, p.in_grace) == (7.0, True)
     p.observe(Event(contract.EVENT_STEP, 0, step=4), 8.0)
     assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False)
-    q = RankProgress()
+    q = RankRecord()
     q.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
     q.observe(Event(contract.EVENT_FIRST_STEP, 0), 9.0)
     assert (q.since, q.in_grace, q.intervals) == (9.0, False, 0), "the end of the compile"

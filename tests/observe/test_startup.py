@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 from helpers import TESTS, assert_no_job_processes, job_pids, npu_launch_argv, run_launcher, wait_for
 
-from launcher.observe.startup import PHASES, Marks, describe, job_phases
+from launcher.observe.startup import PHASES, describe, job_phases
+from launcher.ranks.record import RankRecord
 from parallel.contract import Event
 
 PLAIN = str(TESTS / "rank_scripts" / "plain_job.py")
@@ -67,19 +68,19 @@ def event(kind: str, at: float, **fields) -> Event:
 
 
 def test_marks_fold_the_events_and_leave_unknown_phases_out() -> None:
-    marks = Marks()
+    marks = RankRecord()
     for e in (event("started", 10.5, process_start=10.0), event("init-started", 12.0),
               event("initialised", 13.0), event("first-step", 15.0), event("progress", 16.0),
               event("progress", 20.0), event("exited", 21.0, returncode=0)):
         marks.observe(e)
     assert marks.phases() == {"process": 0.5, "imports": 1.5, "init": 1.0, "first_step": 2.0,
                               "training": 5.0, "exit": 1.0}
-    no_init = Marks()
+    no_init = RankRecord()
     for e in (event("started", 10.5, process_start="soon"), event("progress", 11.0),
               event("exited", 12.0, returncode=0)):
         no_init.observe(e)
     assert set(no_init.phases().values()) == {None}, "progress before a first step is not one"
-    rebuilt = Marks()
+    rebuilt = RankRecord()
     for e in (event("initialised", 1.0), event("first-step", 2.0),
               event("exited", 9.0, last_progress=8.0)):
         rebuilt.observe(e)  # from metrics.jsonl, which keeps no progress events
