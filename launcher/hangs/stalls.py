@@ -136,25 +136,32 @@ def _ranks(ranks: Sequence[int]) -> str:
 def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optional[Stall]:
     """The rank silent longest past its limit while another stepped within the timeout, and
     went on for at least half the timeout after it went quiet (ranks of a synchronous job that
-    all stop together stop a hair apart: that is every rank silent, not one falling behind)."""
+    all stop together stop a hair apart: that is every rank silent, not one falling behind).
+    A rank is silent only from when the others' last save or evaluation ended: until then it
+    may have waited on them, and the one that saved steps on a moment before it does."""
     states = list(ranks)
     quiet = limits.quiet
     recent = [s for s in states if s.progress.stepped_at is not None
               and now - s.progress.stepped_at <= quiet]
 
-    def behind(s: Progress) -> bool:
+    def quiet_since(s: Progress) -> Optional[float]:
         since = s.progress.since
-        return since is not None and any(
-            r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > quiet / 2
-            for r in recent)
+        if since is None:
+            return None
+        return max([since] + [r.progress.section_ended for r in states
+                              if r.rank != s.rank and r.progress.section_ended is not None])
 
-    silent = [(s.progress.since, s.rank, s) for s in states
-              if not s.done and s.progress.since is not None
-              and now - s.progress.since > limits.of(s.progress) and behind(s)]
+    def behind(s: Progress, since: float) -> bool:
+        return any(r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > quiet / 2
+                   for r in recent)
+
+    silent = [(since, s.rank, s) for s in states
+              if not s.done and (since := quiet_since(s)) is not None
+              and now - since > limits.of(s.progress) and behind(s, since)]
     if not silent:
         return None
-    since, _, worst = min(silent, key=lambda item: item[:2])
-    return Stall(worst.rank, worst.host, worst.step, now - since,
+    _, _, worst = min(silent, key=lambda item: item[:2])
+    return Stall(worst.rank, worst.host, worst.step, now - (worst.progress.since or now),
                  timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress),
                  count=worst.progress.count)
 

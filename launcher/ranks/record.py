@@ -57,8 +57,8 @@ class RankRecord:
     Progress, on the clock of whoever folds it (see the module's docstring): ``since`` (last
     progress), ``stepped_at`` (last step or higher count outside grace and sections), ``count``,
     ``busy``, ``loads``, ``in_grace``, ``section`` (``save`` or ``eval`` while inside one, else
-    ""), ``section_since``, ``sections``, ``grace_count``, ``longest``, ``intervals``,
-    ``section_longest``."""
+    ""), ``section_since``, ``section_ended`` (when the last one ended), ``sections``,
+    ``grace_count``, ``longest``, ``intervals``, ``section_longest``."""
 
     main_thread: str = ""
     frameworks: frozenset[str] = frozenset()
@@ -86,6 +86,7 @@ class RankRecord:
     in_grace: bool = True
     section: str = ""
     section_since: float = 0.0
+    section_ended: Optional[float] = None
     sections: int = 0
     grace_count: int = 0
     """The count when the grace began: it lasts until the count is 2 higher (a first batch is
@@ -145,6 +146,8 @@ class RankRecord:
             kinds = dict(self.section_longest)
             kinds[self.section] = max(kinds.get(self.section, 0.0), now - self.section_since)
             self.section_longest = tuple(sorted(kinds.items()))
+        if (self.section or sections != self.sections) and now is not None:
+            self.section_ended = now
         self.section, self.sections = section, sections
         self.section_since = now if now is not None else self.section_since
         return True

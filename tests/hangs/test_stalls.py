@@ -362,6 +362,28 @@ def test_a_rank_saving_or_evaluating_alone_is_no_hang() -> None:
     assert stall.limit == "limit 225 s inside a save"
 
 
+def test_the_rank_that_waited_on_a_save_is_silent_only_from_when_it_ended() -> None:
+    """Rank 0 saves for 15 s while rank 1 waits inside its next step, past the 10 s limit. Rank
+    0 steps on first, as it will by up to the hook's half second: no hang. Rank 1 is named only
+    when it stays silent for the limit after the save ended, and for all of its silence."""
+    states = stepping(2, until=1.0, count=1)
+    last = steps_every(states, 1.2, 0.2, 20)
+    see(states[1], contract.EVENT_PROGRESS, last + 0.1, count=states[1].progress.count,
+        busy=True, loads=0)
+    see(states[0], contract.EVENT_PROGRESS, last, count=states[0].progress.count,
+        busy=False, loads=0, section="save", sections=0)
+    see(states[0], contract.EVENT_PROGRESS, last + 15.0, count=states[0].progress.count + 1,
+        busy=False, loads=0, section="", sections=1)
+    assert states[0].progress.section_ended == last + 15.0
+    assert find_stall(states, last + 15.4, LIMITS) is None
+    for n in range(1, 21):  # rank 0 goes on, rank 1 never does
+        see(states[0], contract.EVENT_PROGRESS, last + 15.0 + n / 2,
+            count=states[0].progress.count + 1, busy=False, loads=0, section="", sections=1)
+    assert find_stall(states, last + 24.9, LIMITS) is None, "9.9 s since the save ended"
+    stall = find_stall(states, last + 25.1, LIMITS)
+    assert stall is not None and stall.rank == 1 and stall.silent_for == pytest.approx(25.1)
+
+
 def test_a_save_or_an_evaluation_is_a_section_of_its_own_kind(counted) -> None:
     seen = []
 

@@ -48,9 +48,12 @@ for step in range(args.steps):
     opt.step()
 checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
 told = {name: os.environ.get(name) for name in TORCHRUN_NAMES}
-print(f"rank {rank} env {json.dumps(told, sort_keys=True)}", flush=True)
-print(f"rank {rank} mindspore loaded: {'mindspore' in sys.modules}", flush=True)
-print(f"rank {rank}/{world} checksum {checksum:.12f}", flush=True)
+# One write per line: torchrun hands both ranks the same pipe, and print() writes a line's text
+# and its newline apart when unbuffered, so a line could end inside the other rank's.
+for line in (f"rank {rank} env {json.dumps(told, sort_keys=True)}",
+             f"rank {rank} mindspore loaded: {'mindspore' in sys.modules}",
+             f"rank {rank}/{world} checksum {checksum:.12f}"):
+    os.write(sys.stdout.fileno(), f"{line}\n".encode())
 dist.barrier()
 dist.destroy_process_group()
 # torch 2.13's gloo can abort a rank as the interpreter finalises ("terminate called without an
