@@ -97,6 +97,10 @@ class Attempt:
         """Whether every rank of ``plan`` initialised communication in this attempt."""
         return {spec.rank for spec in plan.ranks} <= self.monitor.ranks_where(lambda r: r.initialised)
 
+    def called_init(self, rank: int) -> bool:
+        """Whether ``rank`` called ``init()`` (or finished it) in this attempt."""
+        return rank in self.monitor.ranks_where(lambda r: r.calling_init or r.initialised)
+
     def all_called_init(self, plan: LaunchPlan) -> bool:
         """Whether every rank of ``plan`` called ``init()`` (or finished it) in this attempt."""
         called = self.monitor.ranks_where(lambda r: r.calling_init or r.initialised)

@@ -139,7 +139,8 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
             plan.hosts, plan.world_size, waited, left_out))
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
         again = plan.restart + 1
-        if not restartable or again > policy.max_restarts or not _started_up(attempt, plan, policy):
+        if not restartable or again > policy.max_restarts \
+                or not _started_up(attempt, plan, policy, result):
             return result
         point = attempt.failure_point(result)
         blamed.append(blamed_host(result))
@@ -168,12 +169,19 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         job = dataclasses.replace(job, plan=job.plan.restarted(again, resume))
 
 
-def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy) -> bool:
+def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: JobResult) -> bool:
     """Whether a failure may be restarted: every rank had initialised communication; with
-    ``--min-nodes``, every rank had called ``init()`` (a rank that fails inside it, where a bad
-    card or network shows, may be its host's fault; one that fails before, in its imports or
-    arguments, fails again anywhere)."""
-    return attempt.all_of(plan) or (policy.min_nodes is not None and attempt.all_called_init(plan))
+    ``--min-nodes``, the rank that caused it had called ``init()`` (every rank had, when no rank
+    is named): a rank that fails inside it, where a bad card or network shows, may be its
+    host's fault; one that fails before, in its imports or arguments, fails again anywhere.
+    The culprit's own events are what decide, as they reach node 0 before its exit does; the
+    others' ``init-started`` may come later from another host."""
+    if attempt.all_of(plan):
+        return True
+    if policy.min_nodes is None:
+        return False
+    rank = result.cause.rank if result.cause else None
+    return attempt.called_init(rank) if rank is not None else attempt.all_called_init(plan)
 
 
 def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,

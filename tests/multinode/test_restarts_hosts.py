@@ -114,7 +114,9 @@ def test_a_host_that_fails_twice_is_left_out_and_the_job_finishes_on_the_rest(
 
 def test_a_host_whose_ranks_fail_inside_init_is_left_out(ssh_cluster, tmp_path_factory) -> None:
     """A failure inside ``init()`` (a broken card or network) is restarted with ``--min-nodes``,
-    though not every rank initialised; the host it keeps happening on is left out."""
+    though not every rank initialised; the host it keeps happening on is left out. The rank on
+    the bad host fails the instant it calls ``init()``, often before the other host's rank
+    said it called it: the culprit's own events decide."""
     work = tmp_path_factory.mktemp("init-fails")
     hostfile = write_hostfile(work, ssh_cluster, slots=1)
     job_dir(ssh_cluster, work, scripts=(JOB,))

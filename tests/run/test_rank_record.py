@@ -15,6 +15,7 @@ from launcher.config.launch_config import ConsoleFilter
 from launcher.hangs.hang_limits import Limits
 from launcher.hangs.stack_samples import StallWatch
 from launcher.hangs.stalls import HangCheck
+from launcher.launch import _started_up
 from launcher.observe.job_state import JobState
 from launcher.observe.monitor import JobMonitor
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode, Timeouts
@@ -22,6 +23,7 @@ from launcher.ranks import RankRecord
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.output import Console
 from launcher.run.process import Exit
+from launcher.run.restarts import Policy
 from launcher.run.supervisor import LocalRanks
 from parallel.contract import METRICS_FILE, Event
 
@@ -93,6 +95,23 @@ def test_the_events_fold_into_one_record_with_every_fact(tmp_path: Path) -> None
     monitor, _ = fed(tmp_path / "m", clock, [*life(0), event("exited", 0, 21.0, returncode=0)])
     seen = {s.rank: s.progress for s in monitor.rank_states()}
     assert seen[0] == record, "the monitor's record is the same fold"
+
+
+def test_with_min_nodes_a_failure_inside_init_is_restarted_by_the_culprits_own_events(
+        tmp_path: Path) -> None:
+    """Rank 1 (another host) fails inside ``init()`` before rank 0's ``init-started`` reached
+    node 0: the failure may be its host's, so it is restarted with ``--min-nodes``; a rank that
+    failed before calling ``init()`` is not, nor is anything without ``--min-nodes``."""
+    _, attempt = fed(tmp_path, Clock(), life(1)[:3])
+    failed = JobResult(Outcome.FAILED, 1, "rank 1 failed", 11.5,
+                       Cause(Outcome.FAILED, "rank", rank=1, host="node-b", time=11.5))
+    shrinking, fixed = Policy(max_restarts=2, min_nodes=1), Policy(max_restarts=2)
+    assert _started_up(attempt, plan_of(2), shrinking, failed)
+    assert not _started_up(attempt, plan_of(2), fixed, failed)
+    _, early = fed(tmp_path / "early", Clock(), life(1)[:2])
+    assert not _started_up(early, plan_of(2), shrinking, failed), "failed in its imports"
+    unnamed = JobResult(Outcome.FAILED, 1, "an agent failed", 11.5, None)
+    assert not _started_up(attempt, plan_of(2), shrinking, unnamed), "rank 0 never called it"
 
 
 def test_every_reader_reads_the_same_record(tmp_path: Path) -> None:
