@@ -3,7 +3,8 @@
 The agents (``launcher.cluster.agent``) supervise their own ranks. Node 0 starts them with at most
 ``--fanout`` connecting at once (``launcher.cluster.fanout``), and watches the agent processes
 (ssh clients, or one srun/mpirun): the first agent that reports a failed job, or exits
-non-zero, ends the job everywhere; so does SIGINT/SIGTERM/SIGHUP here. Stopping an agent means
+non-zero, ends the job everywhere, once the others had ``SETTLE`` seconds to report theirs
+(the earliest is the cause); so does SIGINT/SIGTERM/SIGHUP here, at once. Stopping an agent means
 closing its stdin (ssh) or signalling srun/mpirun, which pass the signal on; every agent then
 stops its ranks and kills what is left of the job id on its host.
 """
@@ -27,6 +28,12 @@ from launcher.run.watch import Reporter, StopHook, Watch
 from parallel.contract import Event
 
 _RANK_PREFIX = re.compile(rb"^\[([^\]\s]+):(\d+)\] ")
+
+SETTLE = 0.5
+"""Seconds node 0 waits, after the first failure it hears of, for the other nodes' reports
+before it stops the job (at once when every node has reported or ended): a rank whose peer died
+fails a moment later (gloo and HCCL see the broken link), and its node's report can arrive
+first. The earliest failure by the ranks' own time is the cause."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +90,7 @@ class NodeAgents:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._ended: list[Exit] = []
+        self._failed_since: Optional[float] = None
         self._finish_sent = False
         bound = min((a.fanout for a in agents if a.fanout is not None), default=len(agents))
         self._admission = Admission(agents, lambda a: a.spec.label, max(bound, 1))
@@ -105,7 +113,7 @@ class NodeAgents:
             group.send(control.FINISH)
             self._finish_sent = True
         if self._failed_results() or any(not e.ok for e in self._ended):
-            return Outcome.FAILED
+            return Outcome.FAILED if self._settled() else None
         self._start_due(group)
         if len(self._ended) == len(self._agents):
             return Outcome.SUCCEEDED
@@ -130,6 +138,14 @@ class NodeAgents:
         return (f"npu-launch: job {self._plan.job_id} finished: {self._plan.world_size} rank(s) "
                 f"on {self._plan.nnodes} node(s) exited 0 in {elapsed:.1f} s; "
                 f"logs in {self._plan.log_dir}")
+
+    def _settled(self) -> bool:
+        """Whether the failure heard of may end the job now (``SETTLE``)."""
+        now = time.monotonic()
+        self._failed_since = self._failed_since or now
+        heard = {e.spec.host for e in self._ended} | {
+            r.cause.host for r in self._failed_results() if r.cause}
+        return now - self._failed_since >= SETTLE or set(self._plan.hosts) <= heard
 
     def _failed_results(self) -> list[JobResult]:
         with self._lock:
