@@ -7,9 +7,9 @@ real hook sends one at most every 0.5 s), ``--steps`` times, then exits 0.
 ``--compile-s S``: the first step comes S seconds after ``initialised`` (graph compilation).
 ``--hang-rank R --hang-at K``: rank R sleeps for an hour before its step K, outside a step; the
 others wait inside step K (``busy``) for as long, as data-parallel peers in the all-reduce do.
-``--save-rank R --save-at K --save-s S``: rank R is inside a checkpoint save (``section``
-``save``) for S seconds before step K; the others wait inside step K meanwhile. ``--eval``:
-the same as an evaluation whose batches show as progress inside the section.
+``--section KIND:R:K:S`` (repeatable; KIND ``save`` or ``eval``): rank R is inside a checkpoint
+save or an evaluation (``section`` KIND) for S seconds before step K, an evaluation's batches
+showing as progress inside it; the others wait inside step K meanwhile.
 ``--fail-rank R --fail-at K``: rank R raises before its step K, in every attempt (a
 deterministic failure). Each step is also reported as the trainer's ``step`` event.
 """
@@ -24,14 +24,13 @@ parser.add_argument("--step-s", type=float, default=0.2)
 parser.add_argument("--compile-s", type=float, default=0.0)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-at", type=int, default=-1)
-parser.add_argument("--save-rank", type=int, default=-1)
-parser.add_argument("--save-at", type=int, default=-1)
-parser.add_argument("--save-s", type=float, default=0.0)
-parser.add_argument("--eval", action="store_true")
+parser.add_argument("--section", action="append", default=[], metavar="KIND:R:K:S")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-at", type=int, default=-1)
 args = parser.parse_args()
 rank = contract.RankIdentity.from_environ(__import__("os").environ).rank
+sections_at = {int(at): (kind, int(who), float(seconds))
+               for kind, who, at, seconds in (item.split(":") for item in args.section)}
 sections = 0
 
 
@@ -50,19 +49,19 @@ for step in range(args.steps):
         if rank != args.hang_rank:
             progress(count, busy=True)  # waiting inside step K for the rank that hangs
         time.sleep(3600)
-    if step == args.save_at:
-        if rank == args.save_rank:
-            kind = contract.SECTION_EVAL if args.eval else contract.SECTION_SAVE
+    if step in sections_at:
+        kind, who, seconds = sections_at[step]
+        if rank == who:
             progress(count, section=kind)
-            end = time.time() + args.save_s
+            end = time.time() + seconds
             while time.time() < end:
                 time.sleep(min(0.5, end - time.time()))
-                count += args.eval
+                count += kind == contract.SECTION_EVAL
                 progress(count, section=kind)
             sections += 1
         else:
             progress(count, busy=True)
-            time.sleep(args.save_s)
+            time.sleep(seconds)
     time.sleep(args.step_s)
     count += 1
     progress(count)
