@@ -2,7 +2,8 @@
 state of the last step it completed before npu-launch stops anything.
 
 npu-launch (node 0) writes ``contract.LAST_WORDS_REQUEST_FILE`` into the log directory:
-``<rank> <attempt>``. A thread of each rank (:class:`Listener`) looks for it every ``POLL``
+``<rank> <attempt> <since>``, ``since`` the time (``time.time()``) from which the lost rank can
+no longer have completed a step with the others: its hang's start, or the request itself. A thread of each rank (:class:`Listener`) looks for it every ``POLL``
 seconds while the trainer fits; the rank named answers, the others ignore it. While the main
 thread is blocked inside the step's all-reduce (its peer is gone), MindSpore has released the
 GIL, and the parameters are those after the last completed step: the optimizer runs after the
@@ -11,7 +12,10 @@ all-reduce, so a step whose all-reduce cannot finish changes nothing.
 Whether the state is consistent is the trainer's to say, through :class:`Progress`: the steps
 begun and completed, and when that last changed. The state is saved only once the main thread
 has been quiet (no step begun or completed) for ``SETTLE`` seconds or five times the longest
-recent step, whichever is longer, and it must still be so once the file is written; otherwise
+recent step, whichever is longer, counted from ``since``: a main thread that waited in an
+all-reduce before a peer died may still complete that step, the peer having sent its share
+before it died, so quiet from before the loss proves nothing. It must still be quiet once the
+file is written; otherwise
 (the step was still being applied) nothing is kept and the answer says why. The answer is
 ``contract.LAST_WORDS_REPLY_FILE``: ``saved <step>`` or ``none <why>``, within ``WAIT`` seconds
 (npu-launch waits a little longer, then stops the job either way).
@@ -21,6 +25,7 @@ Nothing here imports MindSpore: the trainer passes the save.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -102,12 +107,14 @@ class Answer:
 
 
 def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
-           poll: float = POLL) -> Answer:
-    """Save the last completed step once the main thread is quiet, within ``wait`` seconds."""
-    deadline = time.monotonic() + wait
+           poll: float = POLL, since: Optional[float] = None) -> Answer:
+    """Save the last completed step once the main thread has been quiet since ``since``
+    (``time.monotonic()``; None: now, when asked), within ``wait`` seconds."""
+    asked = time.monotonic()
+    deadline, start = asked + wait, asked if since is None else min(since, asked)
     while True:
         seen = progress()
-        quiet_for = time.monotonic() - seen.at
+        quiet_for = time.monotonic() - max(seen.at, start)
         if quiet_for >= seen.quiet_needed():
             if seen.done < 1:
                 return Answer(why="no step completed yet")
@@ -126,10 +133,12 @@ def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """npu-launch's request: the rank that answers, in which attempt."""
+    """npu-launch's request: the rank that answers, in which attempt, and since when (wall
+    clock) the lost rank can no longer have completed a step with the others."""
 
     rank: int
     attempt: int
+    since: float
 
     @classmethod
     def read(cls, path: str) -> "Optional[Request]":
@@ -139,12 +148,22 @@ class Request:
                 words = f.read().split()
         except OSError:
             return None
-        if len(words) != 2 or not all(w.isdigit() for w in words):
+        if len(words) != 3 or not all(w.isdigit() for w in words[:2]):
             return None
-        return cls(int(words[0]), int(words[1]))
+        try:
+            since = float(words[2])
+        except ValueError:
+            return None
+        if not math.isfinite(since):
+            return None
+        return cls(int(words[0]), int(words[1]), since)
 
     def text(self) -> str:
-        return f"{self.rank} {self.attempt}\n"
+        return f"{self.rank} {self.attempt} {self.since:.3f}\n"
+
+    def since_monotonic(self) -> float:
+        """``since`` on ``time.monotonic()``'s clock."""
+        return time.monotonic() - max(0.0, time.time() - self.since)
 
 
 def request_path(log_dir: str) -> str:
@@ -200,26 +219,28 @@ class Listener:
 
     def _asked(self) -> Optional[bool]:
         """True: this rank is asked; False: another is; None: no request (yet)."""
+        request = self._read()
+        return None if request is None else request.rank == self._rank
+
+    def _read(self) -> Optional[Request]:
         request = Request.read(self._request)
-        if request is None or request.attempt != self._attempt:
-            return None
-        return request.rank == self._rank
+        return request if request is not None and request.attempt == self._attempt else None
 
     def _run(self) -> None:
         while not self._stop.wait(POLL):
-            asked = self._asked()
-            if asked is None:
+            request = self._read()
+            if request is None:
                 continue
-            if asked:
-                self._answer()
+            if request.rank == self._rank:
+                self._answer(request)
             return
 
-    def _answer(self) -> None:
+    def _answer(self, request: Request) -> None:
         if self._why_not:
             said = Answer(why=self._why_not)
         else:
             try:
-                said = answer(self._progress, self._saver)
+                said = answer(self._progress, self._saver, since=request.since_monotonic())
             except Exception as error:  # noqa: BLE001 (the answer says it; the rank goes on)
                 said = Answer(why=f"the save failed: {type(error).__name__}: {error}")
         try:

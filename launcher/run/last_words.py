@@ -75,7 +75,11 @@ class LastWordsRequest:
         elif not healthy:
             self._say_none("no healthy rank is left to save")
         else:
-            self._ask(group, ranks[healthy[0]])
+            # Since when the lost rank cannot have completed a step with the others: a hung
+            # rank since it went silent, a failed one from now (it may have sent its share of
+            # an all-reduce just before it died).
+            since = time.time() - (stall.silent_for if stall is not None else 0.0)
+            self._ask(group, ranks[healthy[0]], since)
 
     def _lost(self, ranks: Mapping[int, ProcessSpec], stall: Optional[Stall]) -> set[int]:
         """Ranks that exited, reported an uncaught exception or hang."""
@@ -85,12 +89,12 @@ class LastWordsRequest:
             lost.add(stall.rank)
         return lost
 
-    def _ask(self, group: ProcessGroup, spec: ProcessSpec) -> None:
+    def _ask(self, group: ProcessGroup, spec: ProcessSpec, since: float) -> None:
         rank, started = spec.rank, time.monotonic()
         reply = os.path.join(self.plan.log_dir, contract.LAST_WORDS_REPLY_FILE)
         request = os.path.join(self.plan.log_dir, contract.LAST_WORDS_REQUEST_FILE)
         try:
-            atomic_write_bytes(request, f"{rank} {self.plan.restart}\n".encode())
+            atomic_write_bytes(request, f"{rank} {self.plan.restart} {since:.3f}\n".encode())
         except OSError as error:
             self._say_none(f"the request could not be written: {error}")
             return

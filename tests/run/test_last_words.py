@@ -5,6 +5,7 @@ request, wait and one line, with plain-Python ranks that speak the trainer's sid
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,25 @@ def test_a_state_read_while_the_main_thread_moved_is_discarded_and_read_again() 
     assert saver.calls == [("save", 7), ("discard", 7), ("save", 7), ("publish", 7)]
 
 
+def test_quiet_from_before_the_loss_is_no_proof_the_step_will_not_complete() -> None:
+    """Rank 0 had waited 1 s inside step 8's all-reduce for its lagging peer, which then sent
+    its share and died. Asked at once, rank 0 must not save: its step 8 completes a moment
+    later, and step 8 is what it saves once quiet inside step 9."""
+    holder = {"now": _quiet_since(1.0)}
+    saver = Recorder(holder)
+    timer = threading.Timer(0.1, lambda: holder.update(
+        now=holder["now"].complete(DataPosition(1, 4, 8), 0.01).begin()))
+    timer.start()
+    said = last_words.answer(lambda: holder["now"], saver, wait=2.0, poll=0.001,
+                             since=time.monotonic())
+    timer.join()
+    assert said == Answer(step=8) and saver.calls == [("save", 8), ("publish", 8)]
+    hung = {"now": _quiet_since(1.0)}  # a peer silent for 0.9 s by now: quiet since counts
+    said = last_words.answer(lambda: hung["now"], Recorder(hung), wait=0.1, poll=0.001,
+                             since=time.monotonic() - 0.9)
+    assert said == Answer(step=7)
+
+
 def test_a_main_thread_that_never_settles_gives_no_state_and_says_why() -> None:
     holder = {"now": _quiet_since(0.0)}
     saver = Recorder(holder)
@@ -91,17 +111,21 @@ def test_the_quiet_needed_grows_with_the_steps_seen_and_a_compiling_step_is_not_
 def test_nothing_is_saved_before_a_first_step() -> None:
     holder = {"now": _quiet_since(1.0, done=0, inside=False)}
     saver = Recorder(holder)
-    said = last_words.answer(lambda: holder["now"], saver, wait=0.2, poll=0.001)
+    said = last_words.answer(lambda: holder["now"], saver, wait=1.0, poll=0.001)
     assert said == Answer(why="no step completed yet") and saver.calls == []
 
 
-def test_a_request_names_the_rank_and_the_attempt(tmp_path: Path) -> None:
+def test_a_request_names_the_rank_the_attempt_and_since_when(tmp_path: Path) -> None:
     path = tmp_path / "last_words_request"
     assert Request.read(str(path)) is None
-    path.write_text("1 2\n")
-    assert Request.read(str(path)) == Request(1, 2)
-    path.write_text("1")  # being written
-    assert Request.read(str(path)) is None
+    path.write_text("1 2 1700000000.250\n")
+    assert Request.read(str(path)) == Request(1, 2, 1700000000.25)
+    for partial in ("1", "1 2", "1 2 nan", "1 2 x"):  # being written, or not ours
+        path.write_text(partial)
+        assert Request.read(str(path)) is None, partial
+    asked = Request(0, 0, time.time() - 10.0)
+    assert asked.since_monotonic() == pytest.approx(time.monotonic() - 10.0, abs=0.1)
+    assert Request.read(str(tmp_path / "x")) is None
 
 
 def _checkpoint(rank: int, step: int, path: Path, last: bool) -> Event:
