@@ -161,7 +161,8 @@ def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optiona
     if not silent:
         return None
     _, _, worst = min(silent, key=lambda item: item[:2])
-    return Stall(worst.rank, worst.host, worst.step, now - (worst.progress.since or now),
+    silent_since = worst.progress.since if worst.progress.since is not None else now
+    return Stall(worst.rank, worst.host, worst.step, now - silent_since,
                  timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress),
                  count=worst.progress.count)
 
