@@ -3,8 +3,9 @@ state of the last step it completed before npu-launch stops anything.
 
 npu-launch (node 0) writes ``contract.LAST_WORDS_REQUEST_FILE`` into the log directory:
 ``<rank> <attempt> <since>``, ``since`` the time (``time.time()``) from which the lost rank can
-no longer have completed a step with the others: its hang's start, or the request itself. A thread of each rank (:class:`Listener`) looks for it every ``POLL``
-seconds while the trainer fits; the rank named answers, the others ignore it. While the main
+no longer have completed a step with the others: its hang's start, or the request itself. A
+thread of each rank (:class:`Listener`) looks for it every ``POLL`` seconds while the trainer
+fits; the rank named answers, the others ignore it. While the main
 thread is blocked inside the step's all-reduce (its peer is gone), MindSpore has released the
 GIL, and the parameters are those after the last completed step: the optimizer runs after the
 all-reduce, so a step whose all-reduce cannot finish changes nothing.
