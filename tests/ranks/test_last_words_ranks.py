@@ -67,6 +67,7 @@ def _assert_resumed_to_the_same_parameters(straight: Path, root: Path, step: int
 def test_a_crash_leaves_the_periodic_checkpoint_of_the_last_step_bit_for_bit(
         straight: Path, weird_tmp: Path) -> None:
     err = _faulty(weird_tmp, "lw-crash", ("--kill-at-step", str(AT)))
+    assert "restart 1 of 1 after: job lw-crash failed: rank 1" in err and "killed by SIGKILL" in err
     step = _saved_step(err)
     saved = weird_tmp / "logs" / "checkpoints" / f"step_{step}" / "rank_0.ckpt"
     periodic = straight / "logs" / "checkpoints" / f"step_{step}" / "rank_0.ckpt"

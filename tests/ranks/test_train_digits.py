@@ -1,6 +1,6 @@
 """The main job end to end through npu-launch: accuracy, the aggregator's files, the report,
-evaluations and the execution mode reaching them, a killed rank that resumes to the same
-parameters, and a diverged replica that is caught."""
+evaluations and the execution mode reaching them, and a diverged replica that is caught. (A
+killed rank that resumes to the same parameters: tests/ranks/test_last_words_ranks.py.)"""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,6 @@ import re
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 from helpers import RANK_SCRIPTS, REPO, assert_no_job_processes, run_launcher
 
@@ -53,35 +52,6 @@ def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
     assert report.returncode == 0, report.stderr
     assert (logs / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_no_job_processes("digits")
-
-
-def test_killed_rank_restarts_and_resumes_to_the_same_parameters(weird_tmp: Path) -> None:
-    straight, resumed = weird_tmp / "straight", weird_tmp / "resumed"
-    common = ("--device", "cpu", "--cards", "2", "--console", "none")
-    first = run_launcher(*common, "--log-dir", str(straight / "logs"), MAIN, "--epochs", "3",
-                         "--save-params", str(straight / "params"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    summary = json.loads((straight / "logs" / "summary.json").read_text())
-    steps_per_epoch = summary["ranks"][0]["steps"] // 3
-    kill_at = steps_per_epoch + steps_per_epoch // 2  # mid-epoch 2, after epoch 1's checkpoint
-    second = run_launcher(*common, "--max-restarts", "1", "--job-id", "resume-job",
-                          "--log-dir", str(resumed / "logs"), FAULTS, "--kill-at-step",
-                          str(kill_at), "--epochs", "3", "--ckpt-every", "1",
-                          "--save-params", str(resumed / "params"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "restart 1 of 1 in 1 s after: job resume-job failed: rank 1" in second.stderr
-    assert "killed by SIGKILL" in second.stderr
-    rank_logs = [(resumed / "logs" / f"rank_{rank}.log").read_text() for rank in (0, 1)]
-    assert all(f"resumed from step {kill_at});" in log for log in rank_logs), \
-        "both ranks resume from rank 0's last words of the step rank 1 died after, not from " \
-        "epoch 1's checkpoint nor from scratch"
-    for rank in (0, 1):
-        a = np.load(straight / "params" / f"rank{rank}.npz")
-        b = np.load(resumed / "params" / f"rank{rank}.npz")
-        assert set(a.files) == set(b.files)
-        worst = max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
-        assert worst <= 1e-5, f"rank {rank}: resumed parameters differ by {worst}"
-    assert_no_job_processes("resume-job")
 
 
 def test_diverged_replica_is_caught_and_named(weird_tmp: Path) -> None:
