@@ -74,7 +74,7 @@ def test_a_host_that_fails_twice_is_left_out_and_the_job_finishes_on_the_rest(
         "--hostfile", str(hostfile), *_ssh(ssh_cluster), "--cards", "2", "--job-id", "shrink",
         "--max-restarts", "3", "--restart-backoff", "0.1", "--min-nodes", "1",
         "--log-dir", str(work / "logs"), FAULTS, "--fail-on-host", b,
-        "--fail-at-step", str(fail_at), "--batch", "16", "--epochs", "10", "--ckpt-every", "1"],
+        "--fail-at-step", str(fail_at), "--batch", "16", "--epochs", "4", "--ckpt-every", "1"],
         cwd=work, timeout=900)
     assert result.returncode == 0, result.stderr[-5000:]
     assert (f"leaving {b} out: its ranks caused the last 2 failures; 1 host(s) and 2 rank(s) go "
@@ -93,14 +93,15 @@ def test_a_host_that_fails_twice_is_left_out_and_the_job_finishes_on_the_rest(
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
 
     # The 2 ranks left read the same global batches as the 4 did: same steps per epoch, and
-    # the main job's bound (tests/ranks/test_train_digits.py: 0.95 after 10 epochs).
+    # the main job's bound (tests/ranks/test_train_digits.py: 0.95; 2 ranks reach 0.99 in 4
+    # epochs).
     logs = {rank: ssh_cluster.read_text(a, work / "logs" / f"rank_{rank}.log") or ""
             for rank in (0, 1)}
     results = {int(m[1]): (float(m[2]), int(m[3]), m[4])
                for log in logs.values() for m in RESULT.finditer(log)}
     assert set(results) == {0, 1}, logs[0][-3000:]
     assert all(accuracy >= 0.95 for accuracy, _, _ in results.values()), results
-    assert {steps for _, steps, _ in results.values()} == {10 * per_epoch}
+    assert {steps for _, steps, _ in results.values()} == {4 * per_epoch}
     assert results[0][2] == results[1][2], "data-parallel replicas must end equal"
     for log in logs.values():
         assert f"resumed from step {per_epoch});" in log, log[-2000:]
