@@ -5,10 +5,10 @@ npu-launch (node 0) writes ``contract.LAST_WORDS_REQUEST_FILE`` into the log dir
 ``<rank> <attempt> <since>``, ``since`` the time (``time.time()``) from which the lost rank can
 no longer have completed a step with the others: its hang's start, or the request itself. A
 thread of each rank (:class:`Listener`) looks for it every ``POLL`` seconds while the trainer
-fits; the rank named answers, the others ignore it. While the main
-thread is blocked inside the step's all-reduce (its peer is gone), MindSpore has released the
-GIL, and the parameters are those after the last completed step: the optimizer runs after the
-all-reduce, so a step whose all-reduce cannot finish changes nothing.
+fits; the rank named answers, the others ignore it. While the main thread is blocked inside the
+step's all-reduce (its peer is gone), MindSpore has released the GIL, and the parameters are
+those after the last completed step: the optimizer runs after the all-reduce, so a step whose
+all-reduce cannot finish changes nothing.
 
 Whether the state is consistent is the trainer's to say, through :class:`Progress`: the steps
 begun and completed, and when that last changed. The state is saved only once the main thread
@@ -16,10 +16,9 @@ has been quiet (no step begun or completed) for ``SETTLE`` seconds or five times
 recent step, whichever is longer, counted from ``since``: a main thread that waited in an
 all-reduce before a peer died may still complete that step, the peer having sent its share
 before it died, so quiet from before the loss proves nothing. It must still be quiet once the
-file is written; otherwise
-(the step was still being applied) nothing is kept and the answer says why. The answer is
-``contract.LAST_WORDS_REPLY_FILE``: ``saved <step>`` or ``none <why>``, within ``WAIT`` seconds
-(npu-launch waits a little longer, then stops the job either way).
+file is written; otherwise (the step was still being applied) nothing is kept and the answer
+says why. The answer is ``contract.LAST_WORDS_REPLY_FILE``: ``saved <step>`` or ``none <why>``,
+within ``WAIT`` seconds (npu-launch waits a little longer, then stops the job either way).
 
 Nothing here imports MindSpore: the trainer passes the save.
 """
