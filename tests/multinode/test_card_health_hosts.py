@@ -100,8 +100,7 @@ def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory
     job = "cards-held"
     proc = launch_on(cluster, a, _args(cluster, work, job, "--max-restarts", "1",
                                        "--restart-backoff", "0", JOB,
-                                       "--sleep-after-init", "4", "--fail-at-attempt", "0:1",
-                                       "--peer-loss-wait", "5"),  # as a MindSpore victim waits
+                                       "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
                      cwd=work, env=node0_env(cluster))
     wait_slowly(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
                 f"{job}: 2 ranks initialised", 180)

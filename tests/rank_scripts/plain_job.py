@@ -22,9 +22,8 @@ directory; at the step written there it prints ``saves step K`` and exits 0 (it 
 --step-time S: each step takes at least S seconds.
 --fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
---peer-loss-wait S: a rank whose peer left waits S seconds before it raises, as a MindSpore rank
-waits in its collective (about 30 s on CPU) before giving up: the rank that failed first is then
-the only one that failed before the launcher's teardown (default 0: it raises at once).
+A rank whose peer left raises at once, as gloo or HCCL may see the broken link: on other hosts
+its report can reach node 0 before the culprit's (node 0 waits for both).
 """
 import argparse
 import atexit
@@ -51,7 +50,6 @@ parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A
 parser.add_argument("--fail-init-on-host", default=None)
 parser.add_argument("--hang-in-attempt", type=int, default=-1, help="only then (default: always)")
 parser.add_argument("--ignore-sigterm", type=int, default=-1)
-parser.add_argument("--peer-loss-wait", type=float, default=0)
 args = parser.parse_args()
 attempt = int(os.environ.get("NPU_LAUNCH_RESTART", "0"))
 failing = {int(r) for a, r in (item.split(":") for item in args.fail_at_attempt) if int(a) == attempt}
@@ -61,8 +59,7 @@ _NUMBER = struct.Struct("!d")
 
 
 def peer_left(cause: "Exception | None" = None) -> None:
-    """Raise as a rank whose peer left, after ``--peer-loss-wait`` seconds."""
-    time.sleep(args.peer_loss_wait)
+    """Raise as a rank whose peer left."""
     raise ConnectionError("a peer left the job") from cause
 
 
