@@ -29,7 +29,7 @@ from parallel.contract import Event
 
 _RANK_PREFIX = re.compile(rb"^\[([^\]\s]+):(\d+)\] ")
 
-SETTLE = 0.25
+SETTLE = 0.15
 """Seconds node 0 waits, after the first failure it hears of, for the other nodes' reports
 before it stops the job (at once when every node has reported or ended): a rank whose peer died
 fails a moment later (gloo and HCCL see the broken link), and its node's report can arrive
