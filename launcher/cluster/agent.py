@@ -197,6 +197,8 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZ
     if watch_stdin:
         threading.Thread(target=_follow_stdin, args=(ranks, watch, stop), daemon=True).start()
     result = watch.run()
+    if result.outcome is Outcome.INTERRUPTED and watch.stop_requested_at is not None:
+        result = ranks.failed_before(watch.stop_requested_at) or result
     # The last checkpoint's files go before the result: node 0 stops serving once every
     # agent has reported. After a failure they get the time teardown gives processes.
     uploader.close(None if result.outcome is Outcome.SUCCEEDED else plan.timeouts.kill)

@@ -67,6 +67,7 @@ class LocalRanks:
         """This node's ranks' records, folded from their events as they arrive (this node's
         clock) and their exits: what the start-up timeout and ``StallWatch`` read."""
         self._failures: list[Failure] = []
+        self._exits: list[Exit] = []
         self._stuck: list[ProcessSpec] = []
         self._stuck_at: dict[int, tuple[str, ...]] = {}
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
@@ -109,6 +110,7 @@ class LocalRanks:
         self._group.start(spec, None)
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
+        self._exits += exits
         self._read_events()
         self._report_exits(exits)
         self._failures = [Failure.from_exit(e) for e in exits if not e.ok] + _reported(group)
@@ -160,10 +162,23 @@ class LocalRanks:
             self._reporter.event(read.event(self._by_rank[rank].host))
 
     def after_close(self, exits: list[Exit]) -> None:
+        self._exits += exits
         self._read_events()
         for tail in self._tails.values():
             tail.close()
         self._report_exits(exits)
+
+    def failed_before(self, at: float) -> Optional[JobResult]:
+        """A failure of this node's ranks that began before ``at`` (``time.time()``: its error
+        report, else its exit), as ``conclude`` reports it; None when none did. An agent that
+        node 0 told to stop a moment after one of its ranks failed, before its own loop saw it,
+        reports that failure, not the stop: node 0 compares every node's earliest."""
+        seen = [Failure.from_exit(e) for e in self._exits if not e.ok] + self._failures
+        early = [f for f in seen if f.time < at]
+        if not early:
+            return None
+        self._failures = early
+        return self.conclude(Outcome.FAILED)
 
     def conclude(self, outcome: Outcome) -> JobResult:
         job, now = self._plan.job_id, time.time()

@@ -107,6 +107,8 @@ class Watch:
         """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
         short)."""
         self._signal: Optional[int] = None
+        self.stop_requested_at: Optional[float] = None
+        """When the first stop request (a signal, or node 0's order) came (``time.time()``)."""
         self._on_stop: StopHook = on_stop or _NoSave()
         """Called once on a stop signal: the seconds the ranks get to save and exit on their
         own (0: stop them now)."""
@@ -134,6 +136,7 @@ class Watch:
     def request_stop(self, signum: int) -> None:
         """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
         if self._signal is None:
+            self.stop_requested_at = time.time()
             self._signal = signum
         else:  # a second signal: stop now, saved or not
             self._stop_by = 0.0

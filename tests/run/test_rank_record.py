@@ -253,3 +253,16 @@ def test_the_supervisor_reads_its_ranks_records(tmp_path: Path) -> None:
     exits = [Exit(spec, 1000 + r, 0, 5.0) for r, spec in enumerate(specs)]
     assert ranks.check(Running([]), exits) is Outcome.SUCCEEDED
     assert reporter.done == [0] and [e.kind for e in reporter.events[-2:]] == ["exited"] * 2
+
+
+def test_an_agent_stopped_just_after_its_rank_failed_reports_the_failure(tmp_path: Path) -> None:
+    """Node 0 told this node to stop at 11.0 (another node's rank failed, a victim of this one),
+    before this node's loop saw rank 0's exit at 10.0; its teardown then killed rank 1. What
+    the node reports is rank 0's failure, not the stop; with nothing failed before the stop,
+    nothing."""
+    ranks, specs, _ = _local_ranks(tmp_path)
+    ranks.after_close([Exit(specs[0], 1000, 1, 10.0), Exit(specs[1], 1001, -15, 12.0)])
+    assert ranks.failed_before(9.0) is None
+    result = ranks.failed_before(11.0)
+    assert result is not None and result.outcome is Outcome.FAILED and result.exit_code == 1
+    assert result.cause is not None and (result.cause.rank, result.cause.time) == (0, 10.0)
