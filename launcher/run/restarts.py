@@ -125,17 +125,19 @@ class FailurePoint:
 def cannot_help(before: Optional[FailurePoint], now: FailurePoint) -> bool:
     """Whether another restart would fail the same way: the last two attempts failed at the
     same known step with the same root cause, and no newer complete checkpoint came between.
-    The exception and error text count only when both failures have them: a rank's exit may
-    be seen before its error report is read."""
+    The exception and error text count only when both failures have them (a rank's exit may
+    be seen before its error report is read), and so does the return code (the job may be
+    stopped on the report before the rank has exited)."""
     if before is None or now.where is None or (before.where, before.complete) != (
             now.where, now.complete) or len(before.cause) != len(now.cause):
         return False
-    return all(a == b or (i in _REPORTED and (a is None or b is None))
+    return all(a == b or (i in _MAY_BE_UNKNOWN and (a is None or b is None))
                for i, (a, b) in enumerate(zip(before.cause, now.cause)))
 
 
-_REPORTED = (3, 4)
-"""Positions of ``FailurePoint.cause`` read from the rank's error report (exception, error)."""
+_MAY_BE_UNKNOWN = (3, 4, 5)
+"""Positions of ``FailurePoint.cause`` that one sighting of a failure may lack: the exception
+and error read from the rank's error report, and the return code of its exit."""
 
 
 def stop_restarting(result: JobResult, point: FailurePoint) -> JobResult:

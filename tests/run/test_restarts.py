@@ -252,6 +252,14 @@ def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_ne
     assert cannot_help(first, FailurePoint.of(unread, ("step", 50), None)), \
         "its exit seen before its error report: the same failure still"
     assert FailurePoint.of(unread, ("step", 50), None).told(first) == first
+    on_report = JobResult(Outcome.FAILED, 1, "", 0.0, Cause(Outcome.FAILED, "rank", 1, "h", 12,
+                                                            None, "RuntimeError", "boom"))
+    assert cannot_help(FailurePoint.of(on_report, ("step", 50), None), first), \
+        "stopped on its error report before it exited (no return code): the same failure still"
+    other_code = JobResult(Outcome.FAILED, 2, "", 0.0, Cause(Outcome.FAILED, "rank", 1, "h", 12,
+                                                             2, "RuntimeError", "boom"))
+    assert not cannot_help(first, FailurePoint.of(other_code, ("step", 50), None)), \
+        "another return code"
     assert not cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), 44)), \
         "a newer complete checkpoint: the next attempt starts elsewhere"
     assert not cannot_help(FailurePoint.of(_failed_rank(1), None, None),
