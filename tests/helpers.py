@@ -142,12 +142,26 @@ def checksums(stdout: str) -> dict[str, str]:
 
 # Processes of a job ------------------------------------------------------------------------------
 
+_WORKER = "PYTEST_XDIST_WORKER"
+
+
+def _of_another_worker(proc: psutil.Process) -> bool:
+    """Whether ``proc`` was started by another pytest-xdist worker (its environment names
+    that worker): tests of two workers may use the same job id at once, and one worker's
+    churn may give a pid a finished job had to the other's process. Processes started over
+    ssh name no worker, and every multi-node test runs on one worker."""
+    theirs = proc.environ().get(_WORKER)
+    return theirs is not None and theirs != os.environ.get(_WORKER)
+
+
 def job_pids(job_id: str) -> list[int]:
-    """Processes whose environment carries ``NPU_LAUNCH_JOB_ID=job_id``."""
+    """Processes of this test run's worker whose environment carries
+    ``NPU_LAUNCH_JOB_ID=job_id``."""
     pids = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("NPU_LAUNCH_JOB_ID") == job_id and proc.status() != "zombie":
+            if proc.environ().get("NPU_LAUNCH_JOB_ID") == job_id and proc.status() != "zombie" \
+                    and not _of_another_worker(proc):
                 pids.append(proc.pid)
         except psutil.Error:
             continue
@@ -177,9 +191,16 @@ def alive(pid: int) -> bool:
 def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
     """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
     left = job_pids(job_id)
-    running = [p for p in pids if alive(p)]
+    running = [p for p in pids if alive(p) and not _another_workers_pid(p)]
     assert not left and not running, \
         f"job {job_id} left processes: {[_described(p) for p in left or running]}"
+
+
+def _another_workers_pid(pid: int) -> bool:
+    try:
+        return _of_another_worker(psutil.Process(pid))
+    except psutil.Error:
+        return False
 
 
 def _described(pid: int) -> str:
