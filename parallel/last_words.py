@@ -15,7 +15,10 @@ begun and completed, and when that last changed. The state is saved only once th
 has been quiet (no step begun or completed) for ``SETTLE`` seconds or five times the longest
 recent step, whichever is longer, counted from ``since``: a main thread that waited in an
 all-reduce before a peer died may still complete that step, the peer having sent its share
-before it died, so quiet from before the loss proves nothing. It must still be quiet once the
+before it died, so quiet from before the loss proves nothing. Quiet alone is no proof on a
+loaded machine, where a step being applied can go longer than that without a sign: the rank's
+other threads must also have used almost no CPU over the quiet (``IDLE``), as a main thread
+blocked in an all-reduce does and one applying a step does not. It must still be quiet once the
 file is written; otherwise (the step was still being applied) nothing is kept and the answer
 says why. The answer is ``contract.LAST_WORDS_REPLY_FILE``: ``saved <step>`` or ``none <why>``,
 within ``WAIT`` seconds (npu-launch waits a little longer, then stops the job either way).
@@ -24,6 +27,7 @@ Nothing here imports MindSpore: the trainer passes the save.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -42,6 +46,15 @@ QUIET_STEPS = 5
 """The quiet needed is also this many times the longest recent step."""
 WAIT = 2.0
 """Seconds a rank asked tries to find a consistent state before it answers ``none``."""
+IDLE = 0.1
+"""The most CPU, as a share of one core, the rank's other threads may use over the quiet for it
+to count: a 2-rank MindSpore job's rank blocked in the all-reduce used 1.3% here, a step being
+applied uses what it is given."""
+
+
+def others_cpu() -> float:
+    """CPU seconds used so far by this process's threads but the calling one."""
+    return time.process_time() - time.thread_time()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,15 +120,19 @@ class Answer:
 
 
 def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
-           poll: float = POLL, since: Optional[float] = None) -> Answer:
+           poll: float = POLL, since: Optional[float] = None,
+           cpu: Callable[[], float] = others_cpu) -> Answer:
     """Save the last completed step once the main thread has been quiet since ``since``
-    (``time.monotonic()``; None: now, when asked), within ``wait`` seconds."""
+    (``time.monotonic()``; None: now, when asked) and the rank's other threads idle (``cpu``:
+    their CPU seconds so far) over the quiet needed, within ``wait`` seconds."""
     asked = time.monotonic()
     deadline, start = asked + wait, asked if since is None else min(since, asked)
+    idle = _Idle(cpu)
     while True:
         seen = progress()
-        quiet_for = time.monotonic() - max(seen.at, start)
-        if quiet_for >= seen.quiet_needed():
+        needed = seen.quiet_needed()
+        quiet = time.monotonic() - max(seen.at, start) >= needed
+        if idle.over(needed) and quiet:
             if seen.done < 1:
                 return Answer(why="no step completed yet")
             saved = saver.save(seen.done, seen.position, seen.held)
@@ -125,10 +142,34 @@ def answer(progress: Callable[[], Progress], saver: Saver, wait: float = WAIT,
             saver.discard(saved)  # the main thread moved while the state was read
         if time.monotonic() >= deadline:
             inside = f"inside step {seen.begun}" if seen.begun > seen.done else "between steps"
-            return Answer(why=f"the trainer was still {inside}, not quiet for "
-                              f"{seen.quiet_needed():.2f} s within {wait:g} s (a step being "
-                              "applied is never saved)")
+            why = (f"its threads still used {idle.share:.0%} of a core" if quiet
+                   else f"the trainer was still {inside}, not quiet for {needed:.2f} s")
+            return Answer(why=f"{why} within {wait:g} s (a step being applied is never saved)")
         time.sleep(poll)
+
+
+class _Idle:
+    """The CPU the rank's other threads used over the latest seconds, from samples taken at
+    each look."""
+
+    def __init__(self, cpu: Callable[[], float]) -> None:
+        self._cpu = cpu
+        self._samples: collections.deque[tuple[float, float]] = collections.deque()
+        self.share = 0.0
+        """The share of one core they used over the last window measured."""
+
+    def over(self, seconds: float) -> bool:
+        """Whether samples span ``seconds`` and the threads used at most ``IDLE`` of a core
+        over the latest ``seconds`` of them."""
+        now, used = time.monotonic(), self._cpu()
+        self._samples.append((now, used))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - seconds:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        if now - then < seconds:
+            return False
+        self.share = (used - before) / (now - then)
+        return self.share <= IDLE
 
 
 @dataclasses.dataclass(frozen=True)

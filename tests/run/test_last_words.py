@@ -80,9 +80,46 @@ def test_quiet_from_before_the_loss_is_no_proof_the_step_will_not_complete() -> 
     timer.join()
     assert said == Answer(step=8) and saver.calls == [("save", 8), ("publish", 8)]
     hung = {"now": _quiet_since(1.0)}  # a peer silent for 0.9 s by now: quiet since counts
-    said = last_words.answer(lambda: hung["now"], Recorder(hung), wait=0.1, poll=0.001,
+    said = last_words.answer(lambda: hung["now"], Recorder(hung), wait=1.0, poll=0.001,
                              since=time.monotonic() - 0.9)
     assert said == Answer(step=7)
+
+
+def test_a_rank_still_computing_is_not_quiet_though_no_step_was_seen() -> None:
+    """On a loaded machine a step being applied can go longer than the quiet needed without a
+    sign: its threads' CPU tells it from a main thread blocked in the all-reduce. Here another
+    thread computes for 0.6 s (the step), then the step completes and the rank blocks."""
+    holder = {"now": _quiet_since(1.0)}
+    saver = Recorder(holder)
+    stop = time.monotonic() + 0.6
+
+    def apply_step() -> None:
+        while time.monotonic() < stop:
+            sum(range(1000))
+        holder["now"] = holder["now"].complete(DataPosition(1, 4, 8), 0.01).begin()
+
+    step = threading.Thread(target=apply_step)
+    step.start()
+    said = last_words.answer(lambda: holder["now"], saver, wait=3.0, poll=0.01,
+                             since=time.monotonic() - 0.9)
+    step.join()
+    assert said == Answer(step=8) and saver.calls == [("save", 8), ("publish", 8)], \
+        "step 7 was never saved while step 8 was being applied"
+    busy = {"now": _quiet_since(1.0)}
+    spinning = threading.Event()
+
+    def spin() -> None:
+        while not spinning.is_set():
+            sum(range(1000))
+
+    threading.Thread(target=spin, daemon=True).start()
+    try:
+        said = last_words.answer(lambda: busy["now"], Recorder(busy), wait=0.5, poll=0.01)
+    finally:
+        spinning.set()
+    assert said.step is None and said.why.startswith("its threads still used ") \
+        and said.why.endswith("of a core within 0.5 s (a step being applied is never saved)"), \
+        said.why
 
 
 def test_a_main_thread_that_never_settles_gives_no_state_and_says_why() -> None:
