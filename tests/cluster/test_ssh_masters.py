@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import tempfile
 
 from launcher.cluster.backends import TransportOptions
@@ -47,3 +48,32 @@ def test_ssh_argv_rides_on_the_hosts_master_when_there_is_one() -> None:
         assert argv[9:13] == ["-p", "2222", "-F", "my config"]
         other = ssh_argv("node2", None, ["true"], "/w", options)
         assert "ControlPath" not in " ".join(other), "only a host with a master rides on one"
+
+
+LAGGING_SSH = """#!{python}
+# A stand-in for ssh whose stderr lags its stdout, as the two channels of a real session may:
+# it runs the remote command line (its last argument) here, passing stdout and stdin through
+# and stderr on only after half a second.
+import subprocess, sys, threading, time
+child = subprocess.Popen(["sh", "-c", sys.argv[-1]], stderr=subprocess.PIPE)
+def late() -> None:
+    for line in child.stderr:
+        time.sleep(0.5)
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+threading.Thread(target=late).start()
+sys.exit(child.wait())
+"""
+
+
+def test_the_first_sessions_stderr_is_read_to_its_end_though_it_lags_its_stdout(
+        tmp_path, monkeypatch) -> None:
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text(LAGGING_SSH.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    with SshMasters() as masters:
+        first = masters.open("node1", None, None, (), "cd -- /no/such/dir && true", timeout=30)
+    assert first is not None and first.returncode != 0 and first.stdout == "", first
+    assert "/no/such/dir" in first.stderr and "npl-first-session-exit" not in first.stderr, first

@@ -109,12 +109,16 @@ class SshMasters:
         if key is None:
             return None
         master = self._masters[key]
-        out = _read_until(master.process, _EXIT_MARK, time.monotonic() + timeout)
-        said = _text(master.stderr)
+        deadline = time.monotonic() + timeout
+        out = _read_until(master.process, _EXIT_MARK, deadline)
+        text, mark, rest = (out or "").rpartition(_EXIT_MARK)
+        # The command's stderr comes on a channel of its own, which may lag its stdout: its
+        # mark there says all of it is in.
+        said = _text_until(master.stderr, _EXIT_MARK if mark else None, deadline)
+        said = said.rpartition(f"\n{_EXIT_MARK}")[0] if _EXIT_MARK in said else said
         master.release_output()  # one descriptor per host stays: the pipe to its stdin
         if out is None:
             return FirstSession(None, "", said)
-        text, mark, rest = out.rpartition(_EXIT_MARK)
         if not mark:  # the master ended before the command did: ssh's own failure
             return FirstSession(master.process.wait(), out, said)
         return FirstSession(int(rest.split()[0]) if rest.split() else 1,
@@ -130,7 +134,8 @@ class SshMasters:
             path = os.path.join(directory, "master")
             ours = ["-o", "ControlMaster=yes", "-o", f"ControlPath={path}",
                     "-o", "ControlPersist=no"]
-            remote = f"{command}; printf '\\n{_EXIT_MARK}%d\\n' \"$?\"; exec cat >/dev/null"
+            remote = (f"{command}; s=$?; printf '\\n{_EXIT_MARK}%d\\n' \"$s\"; "
+                      f"printf '\\n{_EXIT_MARK}%d\\n' \"$s\" >&2; exec cat >/dev/null")
             argv = ["sh", "-c", _WRAPPER, directory] + ssh_base(port, ssh_options, ours)[1:] + [
                 "--", destination(host, user), remote]
             stderr = tempfile.TemporaryFile("w+")  # unlinked already: nothing to leave behind
@@ -214,3 +219,13 @@ def _text(stderr: IO[str]) -> str:
     stderr.flush()
     stderr.seek(0)
     return stderr.read()
+
+
+def _text_until(stderr: IO[str], mark: Optional[str], deadline: float) -> str:
+    """What the master wrote to ``stderr`` so far, once it holds ``mark`` (None: now), or at
+    ``deadline``."""
+    while True:
+        text = _text(stderr)
+        if mark is None or mark in text or time.monotonic() >= deadline:
+            return text
+        time.sleep(0.01)
