@@ -144,11 +144,18 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 # pytest-xdist: one worker per file, one worker for every multi-node test ------------------------
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.has_plugin("xdist"):
-        return
+    """Mark each test with its worker group, before xdist's own hook reads the marks into the
+    test ids (it runs first otherwise, and the marks were ignored: every test was a group of
+    its own). The two long groups go first, so that the scheduler, which hands out groups in
+    order, gives them to different workers at the start and the rest fill in around them."""
+    if config.getoption("dist", "no") != "loadgroup" and not config.getoption("loadgroup", False):
+        return  # the controller says --dist; on its workers xdist says loadgroup instead
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+    first = {"ranks": 0, "multinode": 1}
+    items.sort(key=lambda item: first.get(_worker_group(item), 2))
 
 
 def _worker_group(item: pytest.Item) -> str:
