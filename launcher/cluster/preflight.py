@@ -173,7 +173,8 @@ def _judge(returncode: Optional[int], stdout: str, stderr: str, workdir: str) ->
     if returncode == 127:  # the remote shell found no such command
         return _Answer(None, f"no {sys.executable} there")
     if returncode != 0:
-        return _Answer(None, f"probe failed ({returncode}): {_last_line(stderr)}")
+        said = _last_line(stderr) or _last_line(stdout) or "and said nothing"
+        return _Answer(None, f"probe failed ({returncode}): {said}")
     return _facts(stdout)
 
 

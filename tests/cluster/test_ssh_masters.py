@@ -53,8 +53,10 @@ def test_ssh_argv_rides_on_the_hosts_master_when_there_is_one() -> None:
 LAGGING_SSH = """#!{python}
 # A stand-in for ssh whose stderr lags its stdout, as the two channels of a real session may:
 # it runs the remote command line (its last argument) here, passing stdout and stdin through
-# and stderr on only after half a second.
+# and stderr on only after half a second (but for a line of its own, at once, as ssh's warnings).
 import subprocess, sys, threading, time
+sys.stderr.write("Warning: a line of ssh's own\\n")
+sys.stderr.flush()
 child = subprocess.Popen(["sh", "-c", sys.argv[-1]], stderr=subprocess.PIPE)
 def late() -> None:
     for line in child.stderr:
@@ -77,3 +79,5 @@ def test_the_first_sessions_stderr_is_read_to_its_end_though_it_lags_its_stdout(
         first = masters.open("node1", None, None, (), "cd -- /no/such/dir && true", timeout=30)
     assert first is not None and first.returncode != 0 and first.stdout == "", first
     assert "/no/such/dir" in first.stderr and "npl-first-session-exit" not in first.stderr, first
+    assert first.stderr.startswith("Warning: a line of ssh's own\n"), \
+        "what ssh said first is not overwritten by what came later"

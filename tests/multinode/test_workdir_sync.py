@@ -109,7 +109,7 @@ def test_a_launch_directory_missing_on_a_host_is_copied_there(ssh_cluster, tmp_p
 
     refused = run_on_node0(ssh_cluster, _args(ssh_cluster, work, "ws-missing"), cwd=work)
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "FAIL: no directory " in refused.stderr and " there" in refused.stderr
+    assert "FAIL: no directory " in refused.stderr and " there" in refused.stderr, refused.stderr
     assert not ssh_cluster.exists(b, work)
 
     synced = run_on_node0(ssh_cluster, _args(ssh_cluster, work, "ws-copied", "--sync-workdir"),

@@ -216,9 +216,11 @@ def _read_until(process: subprocess.Popen, mark: str, deadline: float) -> Option
 
 
 def _text(stderr: IO[str]) -> str:
-    stderr.flush()
-    stderr.seek(0)
-    return stderr.read()
+    """What the master wrote to ``stderr`` so far. Read with ``pread``: the master's ssh writes
+    at the file offset it shares with this descriptor, so a seek here would make its next
+    message overwrite the beginning of what it said."""
+    fd = stderr.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
 
 def _text_until(stderr: IO[str], mark: Optional[str], deadline: float) -> str:
