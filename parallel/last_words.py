@@ -8,7 +8,10 @@ thread of each rank (:class:`Listener`) looks for it every ``POLL`` seconds whil
 fits; the rank named answers, the others ignore it. While the main thread is blocked inside the
 step's all-reduce (its peer is gone), MindSpore has released the GIL, and the parameters are
 those after the last completed step: the optimizer runs after the all-reduce, so a step whose
-all-reduce cannot finish changes nothing.
+all-reduce cannot finish changes nothing. A known hole: MindSpore ran one all-reduce per
+parameter here (no fusion set) and each update after its own, so a peer killed while its
+step's collectives were in flight can leave this rank blocked with part of that step applied,
+which nothing here can see (docs/guides/restarts.md).
 
 Whether the state is consistent is the trainer's to say, through :class:`Progress`: the steps
 begun and completed, and when that last changed. The state is saved only once the main thread
