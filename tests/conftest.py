@@ -150,8 +150,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test ids (it runs first otherwise, and the marks were ignored: every test was a group of
     its own). The two long groups go first, so that the scheduler, which hands out groups in
     order, gives them to different workers at the start and the rest fill in around them."""
-    if config.getoption("dist", "no") != "loadgroup" and not config.getoption("loadgroup", False):
-        return  # the controller says --dist; on its workers xdist says loadgroup instead
+    if not config.getoption("loadgroup", False):
+        return  # xdist sets it on its workers under --dist loadgroup; they collect, not the controller
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     first = {"ranks": 0, "multinode": 1}

@@ -173,8 +173,9 @@ def _judge(returncode: Optional[int], stdout: str, stderr: str, workdir: str) ->
     if returncode == 127:  # the remote shell found no such command
         return _Answer(None, f"no {sys.executable} there")
     if returncode != 0:
-        said = _last_line(stderr) or _last_line(stdout) or "and said nothing"
-        return _Answer(None, f"probe failed ({returncode}): {said}")
+        said = _last_line(stderr) or _last_line(stdout)
+        return _Answer(None, f"probe failed ({returncode})" + (f": {said}" if said
+                                                              else " and said nothing"))
     return _facts(stdout)
 
 
