@@ -8,10 +8,10 @@ thread of each rank (:class:`Listener`) looks for it every ``POLL`` seconds whil
 fits; the rank named answers, the others ignore it. While the main thread is blocked inside the
 step's all-reduce (its peer is gone), MindSpore has released the GIL, and the parameters are
 those after the last completed step: the optimizer runs after the all-reduce, so a step whose
-all-reduce cannot finish changes nothing. A known hole: MindSpore ran one all-reduce per
-parameter here (no fusion set) and each update after its own, so a peer killed while its
-step's collectives were in flight can leave this rank blocked with part of that step applied,
-which nothing here can see (docs/guides/restarts.md).
+all-reduce cannot finish changes nothing. MindSpore runs one all-reduce per parameter (or fusion
+group), and a peer killed while a step's collectives were in flight may have finished some of
+them: the trainer's step (``train_cells.Update``) updates only once all have finished, so such a
+step is not applied at all, never in part.
 
 Whether the state is consistent is the trainer's to say, through :class:`Progress`: the steps
 begun and completed, and when that last changed. The state is saved only once the main thread

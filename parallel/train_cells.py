@@ -72,6 +72,10 @@ def _times(factor: Any, grad: Any) -> Any:
     return grad * factor.astype(grad.dtype)
 
 
+def _after(everything: Any, grad: Any) -> Any:
+    return ops.depend(grad, everything)
+
+
 class NetWithLoss(nn.Cell):
     """``loss_fn(network(*inputs), label)`` for a batch ``(*inputs, label)``."""
 
@@ -117,6 +121,7 @@ class Update(nn.Cell):
         self.reduce = reduce_degree > 1
         self.reducer = (nn.DistributedGradReducer(self.weights, True, reduce_degree)
                         if self.reduce else nn.Identity())
+        self.hyper_map = ops.HyperMap()
 
     def unscale_loss(self, loss: Any) -> Any:
         if self.scaled:
@@ -125,7 +130,12 @@ class Update(nn.Cell):
 
     def update(self, grads: Any) -> Any:
         if self.reduce:
+            # One all-reduce per gradient, and without this each update would run once its own
+            # had: a peer that died with some of a step's all-reduces done would leave this rank
+            # with part of the step applied, which last words would then save as the step
+            # before. After every all-reduce, the step is applied whole or not at all.
             grads = self.reducer(grads)
+            grads = self.hyper_map(ops.partial(_after, grads), grads)
         if self.scaled:
             grads = self.scaler.unscale_grads(grads)
         finite = True
@@ -191,7 +201,6 @@ class ApplyAccumulated(Update):
         super().__init__(optimizer, scaler, options, reduce_degree)
         self.grads = buffers.grads
         self.loss = buffers.loss
-        self.hyper_map = ops.HyperMap()
 
     def construct(self, inv_count: Any) -> Any:
         grads = self.hyper_map(ops.partial(ops.mul, inv_count), self.grads)

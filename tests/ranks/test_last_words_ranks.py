@@ -1,7 +1,8 @@
 """Last words with real MindSpore ranks (issue 24 part 1): what only they prove. The healthy
 replica's save of the last completed step, made by a thread while the main thread is blocked
-in the step's all-reduce, is byte for byte the periodic checkpoint of that step; and a crash or
-a hang at step 33 (mid-epoch) resumes from step 33 to the uninterrupted job's parameters.
+in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash or a
+hang at step 33 (mid-epoch) resumes from step 33 to the uninterrupted job's parameters; and a
+peer lost in the middle of a step's gradient exchange leaves that step unapplied, not half.
 The main digits job, 3 epochs of 22 steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
 from __future__ import annotations
 
@@ -86,3 +87,18 @@ def test_a_hang_likewise_resumes_from_the_step_it_hung_after(straight: Path,
     err = _faulty(weird_tmp, "lw-hang", ("--hang-at-step", str(AT)), "--hang-timeout", "5")
     assert "hang" in err.lower(), err[-3000:]
     _assert_resumed_to_the_same_parameters(straight, weird_tmp, _saved_step(err))
+
+
+def test_a_peer_lost_mid_exchange_leaves_the_step_unapplied(tmp_path: Path) -> None:
+    """Rank 1 joins 3 of step 2's 6 gradient all-reduces and exits: rank 0, blocked in the 4th,
+    must hold step 1's weights, every one (what last words save as step 1). Without the barrier
+    in ``Update.update`` one weight held step 2's value here."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    done = run_launcher(*COMMON, "--job-id", "lw-half", "--log-dir", str(tmp_path / "logs"),
+                        str(RANK_SCRIPTS / "half_step.py"), str(shared), "3", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (shared / "rank1-gone").read_text() == "3"
+    log = (tmp_path / "logs" / "rank_0.log").read_text()
+    assert "changed: []" in log, log[-2000:]
+    assert_no_job_processes("lw-half")
