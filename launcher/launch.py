@@ -288,7 +288,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         prepare_dirs(plan.log_dir, [p for agent in agents for p in agent.spec.files])
         _write_plan(plan)
         return run_agents(plan, agents, config.console, environ, console, attempt,
-                          on_stop=lambda send: StopRequest(plan, attempt, err, send))
+                          on_stop=lambda send: StopRequest(plan, attempt, err, send),
+                          on_fault=lambda asker: LastWordsRequest(plan, attempt, err, asker))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,9 +43,11 @@ from launcher.hangs.stalls import Stall
 from launcher.limits import whole_number
 from launcher.plan.host_binding import bind_node
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec
+from launcher.run import last_words
 from launcher.run.events import prepare_dirs
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.output import Console
+from launcher.run.process import ProcessGroup
 from launcher.run.supervisor import LocalRanks
 from launcher.run.watch import Watch
 from parallel import contract
@@ -190,12 +192,16 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZ
         return missing.exit_code
     uploader = _uploader(plan, specs, server, console)
     reporter = ControlReporter(console, uploader)
+    last_words.clear(plan.log_dir)  # an earlier attempt's answer is not this one's
     ranks = LocalRanks(plan, os.environ, node_rank, console, ConsoleFilter(), reporter)
+    group = ranks.group()
     stop = AgentStop(plan)
-    watch = Watch(plan, ranks, ranks.group(), interval=AGENT_INTERVAL,  # node 0 filters the console
+    watch = Watch(plan, ranks, group, interval=AGENT_INTERVAL,  # node 0 filters the console
                   on_stop=stop)
     if watch_stdin:
-        threading.Thread(target=_follow_stdin, args=(ranks, watch, stop), daemon=True).start()
+        words = AgentWords(plan.log_dir, specs, group, console)
+        threading.Thread(target=_follow_stdin, args=(ranks, watch, stop, words),
+                         daemon=True).start()
     result = watch.run()
     if result.outcome is Outcome.INTERRUPTED and watch.stop_requested_at is not None:
         result = ranks.failed_before(watch.stop_requested_at) or result
@@ -288,9 +294,39 @@ class AgentStop:
         return False  # the ranks' source ends the loop once they all exited
 
 
-def _follow_stdin(ranks: LocalRanks, watch: Watch, stop: AgentStop) -> None:
+class AgentWords:
+    """Node 0's ``words`` request (``control.WORDS``) for a rank of this host: asked through
+    the files in this host's log directory, as node 0 asks the ranks of a job run on its own
+    (``launcher.run.last_words.ask_here``), and its answer relayed to node 0."""
+
+    WAIT = last_words.WAIT - 0.5
+    """Seconds the rank gets: node 0 waits ``last_words.WAIT``, and the answer must reach it."""
+
+    def __init__(self, log_dir: str, specs: Sequence[ProcessSpec], group: ProcessGroup,
+                 console: Console) -> None:
+        self._log_dir = log_dir
+        self._specs = {s.rank: s for s in specs if s.rank is not None}
+        self._group = group
+        self._console = console
+
+    def __call__(self, request: control.WordsRequest) -> None:
+        spec = self._specs.get(request.rank)
+        if spec is not None:  # another host's rank: its agent answers
+            threading.Thread(target=self._relay, args=(spec, request), daemon=True).start()
+
+    def _relay(self, spec: ProcessSpec, request: control.WordsRequest) -> None:
+        pid = self._group.pids.get(spec.label)
+        answer = last_words.ask_here(self._log_dir, request.rank, request.attempt,
+                                     time.time() - request.age,
+                                     lambda: pid is not None and last_words.child_alive(pid),
+                                     self.WAIT)
+        self._console.write_line(b"", control.last_words_line(request.rank, answer))
+
+
+def _follow_stdin(ranks: LocalRanks, watch: Watch, stop: AgentStop, words: AgentWords) -> None:
     """``finish``: every node is done, stop the scheduler; ``save <step>``: every rank saves
-    that step and exits; end of stdin: stop everything."""
+    that step and exits; ``words ...``: ask a rank of this host for its last words; end of
+    stdin: stop everything."""
     # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the
     # interpreter abort at exit ("could not acquire lock for <stdin>").
     pending = b""
@@ -305,6 +341,9 @@ def _follow_stdin(ranks: LocalRanks, watch: Watch, stop: AgentStop) -> None:
             step = control.saved_step(line)
             if step is not None:
                 stop.save(step)
+            request = control.words_request(line)
+            if request is not None:
+                words(request)
     watch.request_stop(signal.SIGHUP)
 
 

@@ -1,4 +1,5 @@
-"""Control lines: how a node agent tells node 0 it runs, its events, its ranks' end and its result.
+"""Control lines: how a node agent tells node 0 it runs, its events, its ranks' end and its result
+(and relays a rank's last words); and what node 0 tells the agents on their stdin.
 
 They travel in the agent's stdout among its ranks' ``[host:rank]`` lines, marked by a record
 separator byte no program prints by accident, one JSON object per line, so ssh, srun and mpirun
@@ -24,7 +25,14 @@ SAVE = b"save "
 """Node 0 -> agents, on stdin: ``save <step>``: a stop signal came, and every rank saves that
 step and exits (``launch.StopRequest``); each agent writes it into its host's log directory,
 where the trainer looks for it (``contract.STOP_REQUEST_FILE``)."""
+WORDS = b"words "
+"""Node 0 -> agents, on stdin: ``words <rank> <attempt> <age>``: a rank failed or hangs, and
+``rank`` is asked for its last words (``launcher.run.last_words``), the lost rank having been
+unable to complete a step with it for ``age`` seconds (an age, not a time: hosts' clocks may
+differ). The agent that runs ``rank`` asks it and answers with a ``last-words`` line."""
+LAST_WORDS = "last-words"
 _MAX_STEP_DIGITS = 18
+_MAX_ANSWER = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +48,25 @@ class AgentUp:
     counts it as connecting until then)."""
 
 
-Message = Union[Event, JobResult, NodeDone, AgentUp]
+@dataclasses.dataclass(frozen=True)
+class WordsRequest:
+    """Node 0's ``words`` line."""
+
+    rank: int
+    attempt: int
+    age: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LastWords:
+    """An agent's relay of ``rank``'s answer to node 0's ``words`` line
+    (``launcher.run.last_words.ask_here``)."""
+
+    rank: int
+    answer: str
+
+
+Message = Union[Event, JobResult, NodeDone, AgentUp, LastWords]
 
 
 def encode(kind: str, payload: dict[str, Any]) -> bytes:
@@ -62,6 +88,30 @@ def node_done_line(node_rank: int) -> bytes:
 
 def agent_up_line() -> bytes:
     return encode(AGENT_UP, {})
+
+
+def last_words_line(rank: int, answer: str) -> bytes:
+    return encode(LAST_WORDS, {"rank": rank, "answer": answer[:_MAX_ANSWER]})
+
+
+def words_line(rank: int, attempt: int, age: float) -> bytes:
+    return WORDS + f"{rank} {attempt} {max(0.0, age):.3f}\n".encode()
+
+
+def words_request(line: bytes) -> Optional[WordsRequest]:
+    """The request in a ``words`` line (without its newline); None for any other line."""
+    if not line.startswith(WORDS):
+        return None
+    parts = line[len(WORDS):].split()
+    if len(parts) != 3 or not all(p.isdigit() and len(p) <= _MAX_STEP_DIGITS for p in parts[:2]):
+        return None
+    try:
+        age = float(parts[2])
+    except ValueError:
+        return None
+    if not 0.0 <= age < 1e9:  # also refuses nan
+        return None
+    return WordsRequest(int(parts[0]), int(parts[1]), age)
 
 
 def save_line(step: int) -> bytes:
@@ -93,6 +143,8 @@ def decode(line: bytes) -> Optional[Message]:
             return NodeDone(int(record["node_rank"]))
         if kind == AGENT_UP:
             return AgentUp()
+        if kind == LAST_WORDS and isinstance(record["answer"], str):
+            return LastWords(int(record["rank"]), record["answer"][:_MAX_ANSWER])
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return None

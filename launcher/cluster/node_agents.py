@@ -22,9 +22,10 @@ from launcher.cluster.fanout import Admission, open_files_needed, raise_open_fil
 from launcher.config.launch_config import ConsoleFilter
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec
 from launcher.run.failures import Cause, JobResult, Outcome, exit_code_of, last_lines_block
+from launcher.run.last_words import Asker
 from launcher.run.output import Console
 from launcher.run.process import Exit, ProcessGroup
-from launcher.run.watch import Reporter, StopHook, Watch
+from launcher.run.watch import FaultHook, Reporter, StopHook, Watch
 from parallel.contract import Event
 
 _RANK_PREFIX = re.compile(rb"^\[([^\]\s]+):(\d+)\] ")
@@ -92,6 +93,8 @@ class NodeAgents:
         self._ended: list[Exit] = []
         self._failed_since: Optional[float] = None
         self._finish_sent = False
+        self._answers: dict[int, str] = {}
+        self._answered = threading.Condition(self._lock)
         bound = min((a.fanout for a in agents if a.fanout is not None), default=len(agents))
         self._admission = Admission(agents, lambda a: a.spec.label, max(bound, 1))
 
@@ -181,17 +184,55 @@ class NodeAgents:
         elif isinstance(message, control.NodeDone):
             self._nodes_done.add(message.node_rank)
             self._wake.set()
+        elif isinstance(message, control.LastWords):
+            with self._answered:
+                self._answers[message.rank] = message.answer
+                self._answered.notify_all()
+
+    def failed_hosts(self) -> set[str]:
+        """Hosts whose agent reported a failure or ended: their ranks are stopped."""
+        with self._lock:
+            failed = {r.cause.host for r in self._results if r.failed and r.cause and r.cause.host}
+        return failed | {e.spec.host for e in self._ended}
+
+    def answer_of(self, rank: int, wait: float) -> str:
+        """``rank``'s last words as its agent relayed them; ``""`` when none came in ``wait`` s."""
+        with self._answered:
+            self._answered.wait_for(lambda: rank in self._answers, wait)
+            return self._answers.pop(rank, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class AskThroughAgents:
+    """Last words in a job of node agents (``launcher.run.last_words.Asker``): the request goes
+    down every agent's stdin, the rank's agent asks it and relays its answer."""
+
+    plan: LaunchPlan
+    agents: NodeAgents
+
+    def lost(self, ranks: Mapping[int, ProcessSpec]) -> set[int]:
+        """The ranks of hosts whose agent reported a failure or ended: it stopped them."""
+        failed = self.agents.failed_hosts()
+        return {r for r, spec in ranks.items() if spec.host in failed}
+
+    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
+        started = time.monotonic()
+        group.send(control.words_line(spec.rank or 0, self.plan.restart, time.time() - since))
+        return self.agents.answer_of(spec.rank or 0, wait - (time.monotonic() - started))
 
 
 def run_agents(plan: LaunchPlan, agents: list[AgentLaunch], console_filter: ConsoleFilter,
                base_env: Mapping[str, str], console: Console, reporter: Reporter,
-               on_stop: Optional[Callable[[Callable[[bytes], None]], StopHook]] = None) -> JobResult:
+               on_stop: Optional[Callable[[Callable[[bytes], None]], StopHook]] = None,
+               on_fault: Optional[Callable[[Asker], FaultHook]] = None) -> JobResult:
     """Run the job's node agents from here until the job ends everywhere. ``on_stop``: given
-    how to write to every agent's stdin, what a stop signal does first (``Watch``)."""
+    how to write to every agent's stdin, what a stop signal does first; ``on_fault``: given
+    how to ask a rank through its agent, what a failure or a hang does first (``Watch``)."""
     group = ProcessGroup(plan.token, base_env, plan.workdir)
     source = NodeAgents(plan, agents, console_filter, console, reporter)
     hook = on_stop(group.send) if on_stop is not None else None
-    return Watch(plan, source, group, reporter.tick, on_stop=hook).run()
+    fault = on_fault(AskThroughAgents(plan, source)) if on_fault is not None else None
+    return Watch(plan, source, group, reporter.tick, on_stop=hook, on_fault=fault).run()
 
 
 def _agent_failure(exit_: Exit, job_id: str) -> JobResult:

@@ -3,17 +3,22 @@ data-parallel job failed or hung, before the watch loop stops anything, the lowe
 is asked to save the last step it completed; its file stands for every rank (the ledger,
 ``launcher.checkpoints``, takes it as a complete step), and the restart resumes from it.
 
-The wait is bounded by ``WAIT`` seconds, and ends as soon as the rank answers or its process is
-gone. Whatever happens, one line says it: the step saved, or why none was and where a restart
-resumes from instead (the last periodic checkpoint). Jobs whose ranks do not save on request
-(``saves_on_stop``: the shared trainer with a ``ckpt_dir``) are not asked anything.
+The request and the answer are files in the rank's log directory. When the ranks run here node 0
+writes and reads them itself; in a job of node agents it sends the request down the agents'
+stdin and the rank's agent relays the answer back as a control line (``launcher.cluster``), so
+the replica asked may be on any host that still runs (not on one whose agent reported the
+failure: it stopped its ranks). The wait is bounded by ``WAIT`` seconds, and ends as soon as the
+rank answers or its process is gone. Whatever happens, one line says it: the step saved, or why
+none was and where a restart resumes from instead (the last periodic checkpoint). Jobs whose
+ranks do not save on request (``saves_on_stop``: the shared trainer with a ``ckpt_dir``) are not
+asked anything.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
-from typing import Mapping, Optional, Protocol, TextIO
+from typing import Callable, Mapping, Optional, Protocol, TextIO
 
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.hangs.stalls import Stall
@@ -51,6 +56,58 @@ class Ranks(Protocol):
     ledger: Optional[CheckpointLedger]
 
 
+class Asker(Protocol):
+    """How node 0 reaches the rank it asks: through files in the log directory when the ranks
+    run here (:class:`AskHere`), through the rank's node agent otherwise
+    (``launcher.cluster.node_agents.AskThroughAgents``)."""
+
+    def lost(self, ranks: Mapping[int, ProcessSpec]) -> set[int]:
+        """Ranks known lost that the ranks' records may not show yet."""
+
+    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
+        """The rank's answer (:func:`ask_here`), ``""`` when none came within ``wait``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AskHere:
+    """The ranks run on this host and see its log directory."""
+
+    log_dir: str
+    attempt: int
+
+    def lost(self, ranks: Mapping[int, ProcessSpec]) -> set[int]:
+        """Ranks that reported an uncaught exception."""
+        return {r for r, spec in ranks.items() if spec.error_path and os.path.exists(spec.error_path)}
+
+    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
+        pid = group.pids.get(spec.label)
+        return ask_here(self.log_dir, spec.rank or 0, self.attempt, since,
+                        lambda: pid is not None and child_alive(pid), wait)
+
+
+def ask_here(log_dir: str, rank: int, attempt: int, since: float, alive: Callable[[], bool],
+             wait: float) -> str:
+    """Ask ``rank``, whose process runs on this host, through the request and reply files in
+    ``log_dir``; ``since`` on this host's wall clock. The answer: the reply's words (``saved
+    <step>`` or ``none <why>``), ``ended`` when the process ended first, ``""`` when no answer
+    came within ``wait`` seconds. Node 0 asks so for a job run here; a node agent for node 0."""
+    started = time.monotonic()
+    try:
+        atomic_write_bytes(os.path.join(log_dir, contract.LAST_WORDS_REQUEST_FILE),
+                           f"{rank} {attempt} {since:.3f}\n".encode())
+    except OSError as error:
+        return f"none the request could not be written: {error}"
+    reply = os.path.join(log_dir, contract.LAST_WORDS_REPLY_FILE)
+    while time.monotonic() - started < wait:
+        words = _words(reply)
+        if words and (words[0] == "none" or _saved(words) is not None):
+            return " ".join(words)
+        if not alive():
+            return "ended"
+        time.sleep(_POLL)
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class LastWordsRequest:
     """The watch loop's hook for a job that failed or hangs (``watch.FaultHook``)."""
@@ -58,6 +115,8 @@ class LastWordsRequest:
     plan: LaunchPlan
     attempt: Ranks
     err: Optional[TextIO] = None
+    asker: Optional[Asker] = None
+    """None: the ranks run here (:class:`AskHere`)."""
     wait: float = WAIT
 
     def __call__(self, group: ProcessGroup, stall: Optional[Stall]) -> None:
@@ -65,7 +124,8 @@ class LastWordsRequest:
         savers = self.attempt.savers & set(ranks)
         if not savers:
             return
-        lost = self._lost(ranks, stall)
+        asker = self.asker or AskHere(self.plan.log_dir, self.plan.restart)
+        lost = self._lost(ranks, stall) | asker.lost(ranks)
         healthy = sorted(savers - lost)
         if not self.plan.replicated:
             self._say_none("the layout is sliced (model or pipeline parallel), no rank holds "
@@ -79,40 +139,25 @@ class LastWordsRequest:
             # rank since it went silent, a failed one from now (it may have sent its share of
             # an all-reduce just before it died).
             since = time.time() - (stall.silent_for if stall is not None else 0.0)
-            self._ask(group, ranks[healthy[0]], since)
+            rank, started = healthy[0], time.monotonic()
+            said = asker.ask(group, ranks[rank], since, self.wait)
+            step = _saved(said.split())
+            if step is not None:
+                self._say(f"npu-launch: last words: rank {rank} saved step {step} for every "
+                          f"rank before the job was stopped ({time.monotonic() - started:.2f} s)")
+            elif said.split()[:1] == ["none"]:
+                self._say_none(f"rank {rank}: {said[len('none '):] or 'no reason given'}")
+            elif said == "ended":
+                self._say_none(f"rank {rank} ended before it answered")
+            else:
+                self._say_none(f"rank {rank} did not answer within {self.wait:g} s")
 
     def _lost(self, ranks: Mapping[int, ProcessSpec], stall: Optional[Stall]) -> set[int]:
-        """Ranks that exited, reported an uncaught exception or hang."""
+        """Ranks that exited or hang."""
         lost = set(self.attempt.exited)
-        lost |= {r for r, spec in ranks.items() if spec.error_path and os.path.exists(spec.error_path)}
         if stall is not None and stall.rank is not None:
             lost.add(stall.rank)
         return lost
-
-    def _ask(self, group: ProcessGroup, spec: ProcessSpec, since: float) -> None:
-        rank, started = spec.rank, time.monotonic()
-        reply = os.path.join(self.plan.log_dir, contract.LAST_WORDS_REPLY_FILE)
-        request = os.path.join(self.plan.log_dir, contract.LAST_WORDS_REQUEST_FILE)
-        try:
-            atomic_write_bytes(request, f"{rank} {self.plan.restart} {since:.3f}\n".encode())
-        except OSError as error:
-            self._say_none(f"the request could not be written: {error}")
-            return
-        pid = group.pids.get(spec.label)
-        while time.monotonic() - started < self.wait:
-            words = _words(reply)
-            if words and words[0] == "saved" and len(words) == 2 and words[1].isdigit():
-                self._say(f"npu-launch: last words: rank {rank} saved step {words[1]} for every "
-                          f"rank before the job was stopped ({time.monotonic() - started:.2f} s)")
-                return
-            if words and words[0] == "none":
-                self._say_none(f"rank {rank}: {' '.join(words[1:])}")
-                return
-            if pid is None or not _alive(pid):
-                self._say_none(f"rank {rank} ended before it answered")
-                return
-            time.sleep(_POLL)
-        self._say_none(f"rank {rank} did not answer within {self.wait:g} s")
 
     def _say_none(self, why: str) -> None:
         point = self.attempt.ledger.resume_point() if self.attempt.ledger is not None else None
@@ -126,6 +171,13 @@ class LastWordsRequest:
             self.err.flush()
 
 
+def _saved(words: list[str]) -> Optional[int]:
+    """The step of a ``saved <step>`` answer; None for any other."""
+    if len(words) == 2 and words[0] == "saved" and words[1].isdigit() and len(words[1]) <= 18:
+        return int(words[1])
+    return None
+
+
 def _words(path: str) -> list[str]:
     try:
         with open(path) as f:
@@ -134,7 +186,7 @@ def _words(path: str) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
+def child_alive(pid: int) -> bool:
     """Whether the child ``pid`` still runs; it is not reaped (the process group's poll does)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None

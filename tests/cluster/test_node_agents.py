@@ -85,3 +85,26 @@ def test_a_failure_alone_ends_the_job_once_the_others_had_their_moment(tmp_path:
     assert time.monotonic() - began >= SETTLE
     cause = node0.conclude(Outcome.FAILED).cause
     assert cause is not None and cause.rank == 1
+
+
+def test_words_lines_carry_an_age_and_refuse_what_is_not_one() -> None:
+    line = control.words_line(0, 2, 1.25)
+    assert line == b"words 0 2 1.250\n"
+    assert control.words_request(line.rstrip(b"\n")) == control.WordsRequest(0, 2, 1.25)
+    assert control.words_line(3, 0, -5.0) == b"words 3 0 0.000\n", "a clock step back is no age"
+    for bad in (b"words 0 2", b"words -1 2 1", b"words 0 x 1", b"words 0 2 nan", b"words 0 2 inf",
+                b"words 0 2 1e12", b"words " + b"9" * 40 + b" 0 1", b"save 3", b"finish"):
+        assert control.words_request(bad) is None, bad
+
+
+def test_a_relayed_answer_reaches_the_asker_and_hosts_that_failed_are_not_asked(
+        tmp_path: Path) -> None:
+    node0, group = agents(tmp_path)
+    group.sinks["node-b"](failed(1, "node-b", time.time()))
+    assert node0.failed_hosts() == {"node-b"}
+    assert node0.answer_of(0, 0.05) == "", "nothing relayed yet"
+    threading.Timer(0.1, group.sinks["node-a"],
+                    [control.last_words_line(0, "saved 50")]).start()
+    assert node0.answer_of(0, 10.0) == "saved 50"
+    group.sinks["node-a"](control.encode(control.LAST_WORDS, {"rank": 0, "answer": ["saved"]}))
+    assert node0.answer_of(0, 0.05) == "", "a garbled answer is dropped"

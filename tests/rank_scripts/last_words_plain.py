@@ -21,6 +21,9 @@ from parallel.manifest import MANIFEST, DataPosition, atomic_write_bytes, sha256
 parser = argparse.ArgumentParser()
 parser.add_argument("--at", type=int, default=3)
 parser.add_argument("--rank0", choices=["quiet", "busy"], default="quiet")
+parser.add_argument("--fail-after", type=float, default=0.0,
+                    help="seconds rank 1 waits after its last step before it fails: another "
+                         "host's agent forwards rank 0's events every 0.1 s")
 args = parser.parse_args()
 rank = contract.RankIdentity.from_environ(os.environ).rank
 ckpt = Path(os.environ[contract.LOG_DIR]) / "checkpoints"
@@ -63,6 +66,7 @@ for step in range(1, args.at + 1):
     first = {"saves_on_stop": True, "log_every": 1} if step == 1 else {}
     events.emit(contract.EVENT_STEP, step=step, epoch=0, loss=1.0 / step, **first)
 if rank == 1:
+    time.sleep(args.fail_after)
     sys.exit(3)
 if args.rank0 == "quiet":
     progress = progress.begin()  # inside the next step, waiting on rank 1 for ever
