@@ -247,24 +247,33 @@ def prune(ckpt_dir: PathLike, keep_last: int) -> list[int]:
 
 def prune_rank(ckpt_dir: PathLike, rank: int, oldest_kept: int) -> list[int]:
     """Delete ``rank``'s own files of every step older than ``oldest_kept`` (a step every rank
-    is known to have saved), for a rank whose host holds only its own files. A step's manifest
-    goes first, then the rank's file and sidecar, then the step directory once it is empty.
-    Returns the steps it touched."""
+    is known to have saved), for a rank whose host holds only its own files, and the file the
+    step's manifest names for ``rank`` when that is another rank's (a replica fetched for a
+    resume, such as a peer's last words). A step's manifest goes first, then the files and
+    sidecars, then the step directory once it is empty. Returns the steps it touched."""
     touched = []
     for step in list_steps(ckpt_dir):
         if step >= oldest_kept:
             continue
         directory = step_dir(ckpt_dir, step)
         ckpt = rank_checkpoint_path(ckpt_dir, step, rank)
-        if not ckpt.exists() and not (directory / MANIFEST).exists():
+        manifest = read_manifest(ckpt_dir, step)
+        if not ckpt.exists() and manifest is None and not (directory / MANIFEST).exists():
             continue
+        standing = {directory / f.name for f in (manifest.files if manifest else ())
+                    if f.rank == rank and _RANK_FILE.fullmatch(f.name)}
         (directory / MANIFEST).unlink(missing_ok=True)
-        ckpt.unlink(missing_ok=True)
-        _sidecar_path(ckpt).unlink(missing_ok=True)
+        for path in {ckpt} | standing:
+            path.unlink(missing_ok=True)
+            _sidecar_path(path).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             directory.rmdir()  # other ranks' files on a shared disk keep it
         touched.append(step)
     return touched
+
+
+_RANK_FILE = re.compile(r"rank_\d{1,9}\.ckpt")
+"""A file name a manifest may give for a rank: nothing outside its step directory is deleted."""
 
 
 def _remove_step(directory: Path) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from parallel import checkpoint
 from parallel.checkpoint import DataPosition
+from parallel.manifest import RankFile
 
 
 @pytest.fixture
@@ -202,6 +203,27 @@ def test_a_rank_prunes_only_its_own_files_and_the_manifest_first(tmp_path: Path)
     assert sorted(p.name for p in checkpoint.step_dir(tmp_path, 30).iterdir()) == [
         checkpoint.MANIFEST, "rank_1.ckpt", "rank_1.json"]
     assert checkpoint.prune_rank(tmp_path, 1, oldest_kept=30) == []
+
+
+def test_a_rank_prunes_the_replica_it_resumed_from_but_nothing_outside_the_step(
+        tmp_path: Path) -> None:
+    """A host that resumed from a peer's last words holds that peer's file, named for this rank
+    in the step's manifest; once older than the kept steps it goes too. A manifest that names a
+    path outside the step deletes nothing there."""
+    position = DataPosition(0, 5, 5)
+    outside = tmp_path / "keep.txt"
+    outside.write_text("not a checkpoint")
+    for step, name in ((5, "rank_0.ckpt"), (6, "../keep.txt")):
+        folder = checkpoint.step_dir(tmp_path / "ckpt", step)
+        folder.mkdir(parents=True)
+        (folder / "rank_0.ckpt").write_text("rank 0's last words, fetched")
+        files = tuple(RankFile(r, name, 1, "ab" * 32, position) for r in (0, 1))
+        (folder / checkpoint.MANIFEST).write_text(
+            checkpoint.Manifest(step, 2, position, files, 0.0).to_json())
+    assert checkpoint.prune_rank(tmp_path / "ckpt", 1, oldest_kept=7) == [5, 6]
+    assert not checkpoint.step_dir(tmp_path / "ckpt", 5).exists()
+    assert [p.name for p in checkpoint.step_dir(tmp_path / "ckpt", 6).iterdir()] == ["rank_0.ckpt"]
+    assert outside.read_text() == "not a checkpoint"
 
 
 @pytest.mark.mindspore

@@ -36,11 +36,14 @@ class KillAtStep(Callback):
 
 
 class FailAtStep(Callback):
+    """A bad host: its ranks fail at their first step at or past ``step`` in every attempt
+    (a restart may resume from that very step: last words)."""
+
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_step_end(self, info):  # type: ignore[no-untyped-def]
-        if info.global_step == self.step:
+        if info.global_step >= self.step:
             raise RuntimeError(f"{os.environ[contract.HOST]} is a bad host: failing at step "
                                f"{self.step}")
 
