@@ -19,7 +19,8 @@ from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher import files
 from launcher.attempt import Attempt, Attempts
-from launcher.checkpoints.ledger import CheckpointLedger, MissingCheckpoint, ResumePoint, place_for_resume
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.resume import MissingCheckpoint, ResumePoint, place_for_resume
 from launcher.cluster import control
 from launcher.cluster.agent import payload_for
 from launcher.cluster.backends.ssh_mux import SshMasters

@@ -12,20 +12,16 @@ others' files, and no host alone could say.
 Without shared storage the ledger also keeps node 0's copies of the files a restart would need
 (``launcher.cluster.collect`` says which ranks' files the agents send, in the background of their
 ranks): every slice of a sliced (model- or pipeline-parallel) step that is not on node 0's
-disk, or one replica of a data-parallel step when node 0 runs no rank. The payload server
+disk, or one replica of a data-parallel step when node 0 runs no rank; and the one file of a
+step's last words, kept while that step is the newest complete one. The payload server
 receives each upload (``launcher.cluster.payload``); the ledger says whether it is wanted
 (``accepts``: a rank it collects, a step not yet pruned, a size the disk can hold) and moves
 the checked file into place (``received``): ``checkpoint_ledger/step_<N>/rank_<R>/<name>``.
 Only the newest complete step whose files all arrived keeps its copies: older ones are deleted
 as soon as a newer step is complete and collected.
 
-A restart resumes from the newest complete step (``ResumePoint``, carried in the plan; when node
-0 collects, the newest it holds every collected file of): every node writes the manifest beside
-its ranks' files before they start, and a rank whose file is missing on its host (a wiped or
-replaced host) gets node 0's copy: a data-parallel replica (any rank's file on node 0's disk,
-or the collected one), or its own slice as node 0 collected it, which must then match the
-manifest's sha256. If there is none, the job stops with one line naming the rank, the step and
-the host.
+A restart resumes from the newest complete step (``resume_point``; when node 0 collects, the
+newest it holds every collected file of), as ``launcher.checkpoints.resume`` places it.
 """
 from __future__ import annotations
 
@@ -34,12 +30,13 @@ import json
 import os
 import shutil
 import threading
-from typing import Any, Callable, Collection, Mapping, Optional, Sequence
+from typing import Callable, Collection, Mapping, Optional
 
+from launcher.checkpoints.resume import ResumePoint, intact
 from launcher.checkpoints.uploads import Upload
 from launcher.files import remove
 from parallel.contract import Event
-from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir, sha256_file
+from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir
 
 LEDGER_DIR = "checkpoint_ledger"
 FILES = "files.json"
@@ -54,36 +51,6 @@ class Reported:
     host: str
     path: str
     file: RankFile
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumePoint:
-    """What a restart resumes from: a complete step's manifest and where each rank's file was."""
-
-    step: int
-    manifest: str
-    """The manifest's JSON (``parallel.checkpoint.Manifest``)."""
-    paths: Mapping[int, str]
-    """Rank -> its file's absolute path on its host."""
-    replicas: Mapping[int, str]
-    """Rank -> a file on node 0 that can stand in for it (a data-parallel replica)."""
-
-    def for_world(self, world: int) -> "ResumePoint":
-        """This data-parallel step as ``world`` ranks (fewer: ``--min-nodes`` left a host out)
-        resume it: ranks ``0..world-1`` keep their entries and paths (a rank now on a host that
-        has another rank's file gets node 0's replica), the others' go."""
-        manifest = Manifest.from_json(self.manifest)
-        files = tuple(f for f in manifest.files if f.rank < world)
-        smaller = dataclasses.replace(manifest, world_size=world, files=files)
-        return ResumePoint(self.step, smaller.to_json(),
-                           {r: p for r, p in self.paths.items() if r < world},
-                           {r: p for r, p in self.replicas.items() if r < world})
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ResumePoint":
-        return cls(int(data["step"]), str(data["manifest"]),
-                   {int(r): str(p) for r, p in data["paths"].items()},
-                   {int(r): str(p) for r, p in data["replicas"].items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +89,9 @@ class CheckpointLedger:
         self._pruned_below = 0
         """Copies of steps before this one are deleted, and no longer taken."""
         self._seen_on_node0: Optional[bool] = None
+        self._standing: dict[int, int] = {}
+        """Per last-words step, the rank whose one file stands for every rank's: node 0 takes
+        its upload whatever it collects (a restart's other hosts need it)."""
         self._agents = agents
         """Node agents run the ranks: their files may be on disks node 0 does not see."""
         self._lock = threading.Lock()
@@ -138,6 +108,8 @@ class CheckpointLedger:
             return None  # not a rank of this job
         with self._lock:
             ranks = self._steps.setdefault(step, {})
+            if event.record.get("last_words") is True:
+                self._standing[step] = event.rank
             for rank, file in files_standing(event, told.file, self._world).items():
                 ranks[rank] = dataclasses.replace(told, file=file)
             files = complete_files({r: rep.file for r, rep in ranks.items()}, self._world)
@@ -211,17 +183,21 @@ class CheckpointLedger:
         return os.path.join(self._dir, STAGING)
 
     def accepts(self, upload: Upload) -> bool:
-        """A rank whose files node 0 collects, a step not pruned yet, a size node 0's disk can
-        hold."""
+        """A rank whose files node 0 collects, or the file of a step's last words; a step not
+        pruned yet; a size node 0's disk can hold."""
         with self._lock:
-            wanted = upload.rank in self._collect and upload.step >= self._pruned_below
+            wanted = self._wanted(upload)
         return wanted and upload.size <= _free_bytes(self._log_dir)
+
+    def _wanted(self, upload: Upload) -> bool:
+        return upload.step >= self._pruned_below and (
+            upload.rank in self._collect or self._standing.get(upload.step) == upload.rank)
 
     def received(self, upload: Upload, path: str, seconds: float) -> bool:
         """Move the checked file at ``path`` to its place; False when its step was pruned
         while it came."""
         with self._lock:
-            if upload.rank not in self._collect or upload.step < self._pruned_below:
+            if not self._wanted(upload):
                 return False
             folder = os.path.join(self._dir, f"step_{upload.step}", f"rank_{upload.rank}")
             os.makedirs(folder, exist_ok=True)
@@ -244,10 +220,10 @@ class CheckpointLedger:
         can stand in for every rank's; a collected copy when node 0 runs no rank."""
         ranks = self._steps[step]
         for reported in ranks.values():
-            if _intact(reported.path, reported.file):
+            if intact(reported.path, reported.file):
                 return {r: reported.path for r in range(self._world)}
         for rank, copy in sorted(self._collected.get(step, {}).items()):
-            if rank in ranks and _intact(copy.path, ranks[rank].file):
+            if rank in ranks and intact(copy.path, ranks[rank].file):
                 return {r: copy.path for r in range(self._world)}
         return {}
 
@@ -269,7 +245,13 @@ class CheckpointLedger:
                    for r in self._collect)
 
     def _prune(self) -> None:
-        """Keep copies only from the newest complete step whose files all arrived on."""
+        """Keep copies only from the newest complete step whose files all arrived on; a last
+        words copy only while its step is the newest complete one."""
+        newest = max(self._complete, default=-1)
+        for step, rank in self._standing.items():
+            copies = self._collected.get(step, {})
+            if step < newest and rank not in self._collect and rank in copies:
+                _remove(copies.pop(rank).path)
         done = [s for s in self._complete if s > self._pruned_below and self._collect
                 and self._fully_collected(s)]
         if not done:
@@ -295,50 +277,6 @@ class CheckpointLedger:
         atomic_write_bytes(os.path.join(folder, FILES), json.dumps(where, indent=1).encode())
 
 
-class MissingCheckpoint(Exception):
-    """A rank's file of the resume step is not on its host, and node 0 has nothing to stand in."""
-
-    def __init__(self, rank: int, step: int, host: str, path: str,
-                 why: str = "node 0 has no copy to stand in for it") -> None:
-        super().__init__(f"rank {rank}'s checkpoint of step {step} is not on {host} ({path}) "
-                         f"and {why}")
-        self.rank = rank
-
-
-def place_for_resume(point: ResumePoint, ranks: Sequence[int], host: str,
-                     fetch: Optional[Callable[[int, str], None]], exact: bool = False) -> list[str]:
-    """Before this node's ``ranks`` start again: each rank's file of ``point.step`` is checked
-    (size and sha256), one that is missing or damaged is replaced by node 0's copy
-    (``fetch(rank, path)`` writes it; with ``exact``, a sliced layout's, it must be the rank's
-    own file, by its sha256), and the manifest, with the files as they now are, is written
-    beside them. Returns what was fetched, for the log; ``MissingCheckpoint`` when a file
-    cannot be had."""
-    manifest = Manifest.from_json(point.manifest)
-    fetched: list[str] = []
-    by_folder: dict[str, dict[int, RankFile]] = {}
-    for rank in ranks:
-        path, entry = point.paths[rank], manifest.file_for(rank)
-        if not _intact(path, entry):
-            if rank not in point.replicas or fetch is None:
-                raise MissingCheckpoint(rank, point.step, host, path)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fetch(rank, path)
-            if not exact:  # a replica stands in: the manifest says what it is
-                entry = RankFile(rank, entry.name, os.path.getsize(path), sha256_file(path),
-                                 entry.position)
-            elif not _intact(path, entry):
-                os.remove(path)
-                raise MissingCheckpoint(rank, point.step, host, path,
-                                        "node 0's copy is not its file (another sha256)")
-            fetched.append(f"rank {rank}: {entry.size} bytes of step {point.step} from node 0")
-        by_folder.setdefault(os.path.dirname(path), {})[rank] = entry
-    for folder, entries in by_folder.items():
-        files = tuple(entries.get(f.rank, f) for f in manifest.files)
-        atomic_write_bytes(os.path.join(folder, MANIFEST),
-                           dataclasses.replace(manifest, files=files).to_json().encode())
-    return fetched
-
-
 def files_standing(event: Event, file: RankFile, world: int) -> dict[int, RankFile]:
     """The ranks a checkpoint event's ``file`` stands for: its own rank, or, for last words
     (``parallel.last_words``: a data-parallel replica's state saved as a peer failed), every
@@ -354,13 +292,6 @@ def reported(event: Event) -> Optional[Reported]:
     if file is None or event.path is None or not os.path.isabs(event.path):
         return None
     return Reported(event.host, event.path, file)
-
-
-def _intact(path: str, file: RankFile) -> bool:
-    try:
-        return os.path.getsize(path) == file.size and sha256_file(path) == file.sha256
-    except OSError:
-        return False
 
 
 def _size_is(path: str, size: int) -> bool:

@@ -32,7 +32,7 @@ import zlib
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from launcher.checkpoints.ledger import MissingCheckpoint, place_for_resume
+from launcher.checkpoints.resume import MissingCheckpoint, place_for_resume
 from launcher.checkpoints.uploads import Upload
 from launcher.cluster import control, payload
 from launcher.cluster.collect import Uploader, shares_storage
@@ -214,15 +214,17 @@ def run_agent(plan: LaunchPlan, node_rank: int, watch_stdin: bool, server: NodeZ
 
 def _uploader(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: NodeZero,
               console: Console) -> Uploader:
-    """What this node sends node 0: its ranks among the plan's ``collect_ranks``, unless the
-    host shares the launcher's storage."""
+    """What this node sends node 0: its ranks among the plan's ``collect_ranks``, and any of its
+    ranks' last words, unless the host shares the launcher's storage."""
     mine = frozenset(s.rank for s in specs if s.rank is not None and s.rank in plan.collect_ranks)
-    if mine and shares_storage(plan.log_dir, plan.token):
+    shared = shares_storage(plan.log_dir, plan.token)
+    if mine and shared:
         console.write_line(b"", b"checkpoints: this host sees the launcher's log directory "
                            b"(shared storage): its ranks' files stay where they are, none is "
                            b"sent to node 0")
         mine = frozenset()
-    return Uploader(server.upload, mine, lambda line: console.write_line(b"", line.encode()))
+    return Uploader(server.upload, mine, lambda line: console.write_line(b"", line.encode()),
+                    last_words=plan.replicated and not shared)
 
 
 def _place_for_resume(plan: LaunchPlan, specs: Sequence[ProcessSpec], server: NodeZero,

@@ -4,7 +4,9 @@ What a restart needs from node 0 alone is decided on the launcher and carried in
 (``LaunchPlan.collect_ranks``): every rank's slice of a sliced (model- or pipeline-parallel)
 layout that is not on the launcher's host (``launcher_node``), and in data parallelism one
 replica, the lowest rank's, when the launcher's host runs no rank; nothing with
-``--no-checkpoint-collect``.
+``--no-checkpoint-collect``. And, in a replicated layout, any rank's last words
+(``launcher.run.last_words``): the one file a restart resumes every rank from, which the
+other hosts then fetch from node 0.
 
 Shared storage: before the agents start, the launcher writes its launch token to
 ``<log dir>/.npu_launch_storage`` (``mark_storage``). An agent that reads the same token there
@@ -96,9 +98,12 @@ class Uploader:
     """An agent's sending of its ``ranks``' checkpoint files to node 0, in a thread of its own;
     ``say`` tells the agent's console what could not be sent."""
 
-    def __init__(self, send: Send, ranks: frozenset[int], say: Callable[[str], None]) -> None:
+    def __init__(self, send: Send, ranks: frozenset[int], say: Callable[[str], None],
+                 last_words: bool = False) -> None:
         self._send = send
         self._ranks = ranks
+        self.last_words = last_words
+        """Send last words too: this host does not share node 0's storage."""
         self._say = say
         self._pending: dict[int, tuple[Upload, str]] = {}
         self._closed = False
@@ -106,9 +111,11 @@ class Uploader:
         self._thread: Optional[threading.Thread] = None
 
     def offer(self, event: Event) -> None:
-        """A rank's event as the agent forwards it: a checkpoint of a collected rank is queued
-        (replacing that rank's older one that has not gone yet)."""
-        if event.kind != contract.EVENT_CHECKPOINT or event.rank not in self._ranks:
+        """A rank's event as the agent forwards it: a checkpoint of a collected rank, or any
+        rank's last words (the restart's other hosts need them), is queued (replacing that
+        rank's older one that has not gone yet)."""
+        if event.kind != contract.EVENT_CHECKPOINT or not (
+                event.rank in self._ranks or (self.last_words and event.record.get("last_words") is True)):
             return
         item = upload_of(event)
         if item is None:

@@ -12,7 +12,7 @@ import os
 import shlex
 from typing import Any, Mapping, Optional
 
-from launcher.checkpoints.ledger import ResumePoint
+from launcher.checkpoints.resume import ResumePoint
 from launcher.config.devices import Card, DeviceKind
 from launcher.plan.binding import Binding
 from parallel import contract

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoints.ledger import CheckpointLedger, MissingCheckpoint, place_for_resume
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.resume import MissingCheckpoint, place_for_resume
 from launcher.checkpoints.uploads import Upload
 from parallel.contract import Event
 from parallel.manifest import MANIFEST, Manifest
@@ -224,6 +225,31 @@ def test_a_data_parallel_job_whose_node_0_runs_no_rank_resumes_from_the_collecte
     copy = _collect(ledger, 0, 10, b"slice 0 of 10")
     point = ledger.resume_point()
     assert point is not None and point.replicas == {0: str(copy), 1: str(copy)}
+
+
+def _last_words(rank: int, host: str, path: Path, data: bytes, step: int) -> Event:
+    event = _event(rank, host, path, data, step)
+    return dataclasses.replace(event, record={**event.record, "last_words": True})
+
+
+def test_last_words_saved_on_another_host_are_taken_and_kept_while_they_are_newest(
+        tmp_path: Path) -> None:
+    """Node 0 runs rank 0, which failed; rank 1 (another host, node 0 collects nothing) saved
+    its last words, and its agent sends them: the restart's host 0 needs that file."""
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=True)
+    remote = tmp_path / "b" / "step_12" / "rank_1.ckpt"
+    assert ledger.record(_last_words(1, "b", remote, b"rank 1 after 12", 12)) is not None
+    remote.unlink()  # not on node 0's disk
+    assert not ledger.accepts(Upload(0, 12, "rank_0.ckpt", 1, "0" * 64)), "only the saver's"
+    assert not ledger.accepts(Upload(1, 11, "rank_1.ckpt", 1, "0" * 64)), "only its step"
+    copy = _collect(ledger, 1, 12, b"rank 1 after 12")
+    point = ledger.resume_point()
+    assert point is not None and point.step == 12 and point.replicas == {0: str(copy), 1: str(copy)}
+
+    _both(ledger, tmp_path, 20)  # a newer complete step: the copy is not needed any more
+    assert not copy.exists()
+    point = ledger.resume_point()
+    assert point is not None and point.step == 20
 
 
 def test_the_ledger_says_whether_node_0_saw_every_hosts_files(tmp_path: Path) -> None:

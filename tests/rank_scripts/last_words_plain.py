@@ -21,6 +21,7 @@ from parallel.manifest import MANIFEST, DataPosition, atomic_write_bytes, sha256
 parser = argparse.ArgumentParser()
 parser.add_argument("--at", type=int, default=3)
 parser.add_argument("--rank0", choices=["quiet", "busy"], default="quiet")
+parser.add_argument("--fails", type=int, default=1, help="the rank that fails (the other blocks)")
 parser.add_argument("--fail-after", type=float, default=0.0,
                     help="seconds rank 1 waits after its last step before it fails: another "
                          "host's agent forwards rank 0's events every 0.1 s")
@@ -65,7 +66,7 @@ for step in range(1, args.at + 1):
     progress = progress.complete(DataPosition(0, step, step), 0.01)
     first = {"saves_on_stop": True, "log_every": 1} if step == 1 else {}
     events.emit(contract.EVENT_STEP, step=step, epoch=0, loss=1.0 / step, **first)
-if rank == 1:
+if rank == args.fails:
     time.sleep(args.fail_after)
     sys.exit(3)
 if args.rank0 == "quiet":

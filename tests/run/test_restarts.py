@@ -23,7 +23,8 @@ from helpers import (
     wait_for,
 )
 
-from launcher.checkpoints.ledger import CheckpointLedger, ResumePoint
+from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.resume import ResumePoint
 from launcher.observe.job_files import ReportOptions
 from launcher.observe.report import run_report
 from launcher.run.failures import Cause, JobResult, Outcome
