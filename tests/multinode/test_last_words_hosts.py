@@ -1,6 +1,7 @@
 """Last words across hosts that share no storage (issue 24 part 1 for jobs of node agents):
 2 hosts x 1 rank, the trainer's side of the protocol played by ``last_words_plain.py`` (no
-MindSpore). One rank fails after step 3; its host's agent stops it and reports. Node 0 does not
+MindSpore). One rank fails after step 3 (its host's agent stops it and reports), or hangs (node
+0 judges it from both hosts' progress). Node 0 does not
 ask through the files a one-host job uses (the other host's log directory is not its own): it
 sends the request down the agents' stdin, and the other host's agent asks its rank (blocked, as
 a replica in the all-reduce is) and relays the answer. The restart resumes both ranks from step
@@ -17,20 +18,25 @@ from .jobs import assert_no_job_processes, job_dir, run_on_node0, write_hostfile
 pytestmark = pytest.mark.multinode
 
 
-@pytest.mark.parametrize("fails", [1, 0], ids=["rank-1-fails", "node-0s-rank-fails"])
+@pytest.mark.parametrize("fails, hangs", [(1, False), (0, False), (1, True)],
+                         ids=["rank-1-fails", "node-0s-rank-fails", "rank-1-hangs"])
 def test_a_rank_lost_on_one_host_leaves_the_other_hosts_replica_last_step(
-        ssh_cluster, weird_tmp: Path, fails: int) -> None:
+        ssh_cluster, weird_tmp: Path, fails: int, hangs: bool) -> None:
     a, b = ssh_cluster.names
     saver = 1 - fails
-    job, logs = f"mn-words-{fails}", weird_tmp / "logs"
+    job, logs = f"mn-words-{fails}{'-hang' if hangs else ''}", weird_tmp / "logs"
+    hang = ("--hang-timeout", "2") if hangs else ()
     hostfile = write_hostfile(weird_tmp, ssh_cluster, slots=1)
     job_dir(ssh_cluster, weird_tmp, scripts=("last_words_plain.py",))
     result = run_on_node0(ssh_cluster, [
         "--hostfile", str(hostfile), "--ssh-option", f"-F {ssh_cluster.ssh_config_path}",
         "--device", "cpu", "--console", "none", "--job-id", job, "--max-restarts", "1",
-        "--restart-backoff", "0", "--log-dir", str(logs),
+        "--restart-backoff", "0", "--log-dir", str(logs), *hang,
         str(weird_tmp / "last_words_plain.py"), "--at", "3", "--fails", str(fails),
-        "--fail-after", "1"], cwd=weird_tmp, timeout=180)
+        "--fail-after", "1", *(["--hangs"] if hangs else [])], cwd=weird_tmp, timeout=180)
+    if hangs:  # node 0 judged from both hosts' progress: the request's age is the silence's
+        assert "rank 1 on " + b + " hangs: no progress for 2 s" in result.stderr, \
+            result.stderr[-4000:]
     assert result.returncode == 0, result.stderr[-4000:]
     said = [line for line in result.stderr.splitlines() if "last words" in line]
     assert len(said) == 1 and said[0].startswith(

@@ -1,8 +1,9 @@
 """A plain-Python 2-rank job that speaks the trainer's side of last words (``parallel.last_words``)
 without MindSpore, for the launcher-side tests: both ranks report steps as the trainer does
-(``saves_on_stop``), rank 1 fails after step ``--at``, and rank 0 then either blocks inside step
-``--at + 1`` as a replica blocked in the all-reduce would (``--rank0 quiet``) or never settles
-(``--rank0 busy``: a step being applied over and over). Its saver writes a small file standing
+(``saves_on_stop``), rank 1 (or ``--fails``) fails (or ``--hangs``) after step ``--at``, and the
+other rank then either blocks inside step ``--at + 1`` as a replica blocked in the all-reduce
+would (``--rank0 quiet``) or never settles (``--rank0 busy``: a step being applied over and
+over). Its saver writes a small file standing
 for the state and reports it in a ``checkpoint`` event marked ``last_words``, as the trainer's
 does. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
 and the manifest beside its file, and exits 0.
@@ -22,6 +23,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--at", type=int, default=3)
 parser.add_argument("--rank0", choices=["quiet", "busy"], default="quiet")
 parser.add_argument("--fails", type=int, default=1, help="the rank that fails (the other blocks)")
+parser.add_argument("--hangs", action="store_true",
+                    help="the failing rank hangs instead (sleeps outside any collective) and the "
+                         "other says it waits inside one (busy), as the rank hook would")
 parser.add_argument("--fail-after", type=float, default=0.0,
                     help="seconds rank 1 waits after its last step before it fails: another "
                          "host's agent forwards rank 0's events every 0.1 s")
@@ -66,11 +70,15 @@ for step in range(1, args.at + 1):
     progress = progress.complete(DataPosition(0, step, step), 0.01)
     first = {"saves_on_stop": True, "log_every": 1} if step == 1 else {}
     events.emit(contract.EVENT_STEP, step=step, epoch=0, loss=1.0 / step, **first)
+if rank == args.fails and args.hangs:
+    events.emit(contract.EVENT_PROGRESS, count=args.at, busy=False, loads=0)
+    time.sleep(300)
 if rank == args.fails:
     time.sleep(args.fail_after)
     sys.exit(3)
 if args.rank0 == "quiet":
     progress = progress.begin()  # inside the next step, waiting on rank 1 for ever
+    events.emit(contract.EVENT_PROGRESS, count=args.at, busy=True, loads=0)
     time.sleep(300)
 while True:
     progress = progress.begin()  # a step being applied again and again: never quiet
