@@ -1,12 +1,12 @@
 """Last words across hosts that share no storage (issue 24 part 1 for jobs of node agents):
 2 hosts x 1 rank, the trainer's side of the protocol played by ``last_words_plain.py`` (no
 MindSpore). One rank fails after step 3 (its host's agent stops it and reports), or hangs (node
-0 judges it from both hosts' progress). Node 0 does not
-ask through the files a one-host job uses (the other host's log directory is not its own): it
-sends the request down the agents' stdin, and the other host's agent asks its rank (blocked, as
-a replica in the all-reduce is) and relays the answer. The restart resumes both ranks from step
-3: the host without the saved file gets a copy before its rank starts, whether node 0's own
-rank saved it or the other host's did (node 0 has it sent first)."""
+0 judges it from both hosts' progress). Node 0 does not ask through the files a one-host job
+uses (the other host's log directory is not its own): it sends the request down the agents'
+stdin, and the other host's agent asks its rank (blocked, as a replica in the all-reduce is)
+and relays the answer. The restart resumes both ranks from step 3: the host without the saved
+file gets a copy before its rank starts, whether node 0's own rank saved it or the other host's
+did (node 0 has it sent first)."""
 from __future__ import annotations
 
 from pathlib import Path

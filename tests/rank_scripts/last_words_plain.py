@@ -3,9 +3,8 @@ without MindSpore, for the launcher-side tests: both ranks report steps as the t
 (``saves_on_stop``), rank 1 (or ``--fails``) fails (or ``--hangs``) after step ``--at``, and the
 other rank then either blocks inside step ``--at + 1`` as a replica blocked in the all-reduce
 would (``--rank0 quiet``) or never settles (``--rank0 busy``: a step being applied over and
-over). Its saver writes a small file standing
-for the state and reports it in a ``checkpoint`` event marked ``last_words``, as the trainer's
-does. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
+over). Its saver writes a small file standing for the state and reports it in a ``checkpoint``
+event marked ``last_words``, as the trainer's does. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
 and the manifest beside its file, and exits 0.
 """
 import argparse
@@ -27,8 +26,8 @@ parser.add_argument("--hangs", action="store_true",
                     help="the failing rank hangs instead (sleeps outside any collective) and the "
                          "other says it waits inside one (busy), as the rank hook would")
 parser.add_argument("--fail-after", type=float, default=0.0,
-                    help="seconds rank 1 waits after its last step before it fails: another "
-                         "host's agent forwards rank 0's events every 0.1 s")
+                    help="seconds the failing rank waits after its last step: another "
+                         "host's agent forwards the other rank's events every 0.1 s")
 args = parser.parse_args()
 rank = contract.RankIdentity.from_environ(os.environ).rank
 ckpt = Path(os.environ[contract.LOG_DIR]) / "checkpoints"
@@ -77,7 +76,7 @@ if rank == args.fails:
     time.sleep(args.fail_after)
     sys.exit(3)
 if args.rank0 == "quiet":
-    progress = progress.begin()  # inside the next step, waiting on rank 1 for ever
+    progress = progress.begin()  # inside the next step, waiting on the lost rank for ever
     events.emit(contract.EVENT_PROGRESS, count=args.at, busy=True, loads=0)
     time.sleep(300)
 while True:
