@@ -46,6 +46,9 @@ class AgentLaunch:
     fanout: Optional[int] = None
     """At most this many of the job's agents connecting at once (``--fanout``, ssh); None for
     one srun or mpirun, which fans out itself."""
+    stdin_nodes: Optional[frozenset[int]] = None
+    """The node ranks whose agent reads node 0's control lines on this process's stdin (None:
+    every node's it runs; mpirun passes stdin to the first agent only)."""
 
 
 class StreamedLogs:
@@ -195,6 +198,13 @@ class NodeAgents:
             failed = {r.cause.host for r in self._results if r.failed and r.cause and r.cause.host}
         return failed | {e.spec.host for e in self._ended}
 
+    def deaf_nodes(self) -> set[int]:
+        """Node ranks whose agent does not read node 0's stdin: it cannot be asked anything."""
+        heard = [a.stdin_nodes for a in self._agents]
+        if any(nodes is None for nodes in heard):
+            return set()
+        return set(range(self._plan.nnodes)) - {n for nodes in heard for n in nodes or ()}
+
     def answer_of(self, rank: int, wait: float) -> str:
         """``rank``'s last words as its agent relayed them; ``""`` when none came in ``wait`` s."""
         with self._answered:
@@ -214,6 +224,11 @@ class AskThroughAgents:
         """The ranks of hosts whose agent reported a failure or ended: it stopped them."""
         failed = self.agents.failed_hosts()
         return {r for r, spec in ranks.items() if spec.host in failed}
+
+    def unreachable(self, ranks: Mapping[int, ProcessSpec]) -> tuple[set[int], str]:
+        deaf = self.agents.deaf_nodes()
+        return ({r for r, spec in ranks.items() if spec.node_rank in deaf},
+                "mpirun passes node 0's requests to the first host's agent only")
 
     def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
         started = time.monotonic()

@@ -64,6 +64,9 @@ class Asker(Protocol):
     def lost(self, ranks: Mapping[int, ProcessSpec]) -> set[int]:
         """Ranks known lost that the ranks' records may not show yet."""
 
+    def unreachable(self, ranks: Mapping[int, ProcessSpec]) -> tuple[set[int], str]:
+        """Ranks that cannot be asked, and why."""
+
     def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
         """The rank's answer (:func:`ask_here`), ``""`` when none came within ``wait``."""
 
@@ -78,6 +81,9 @@ class AskHere:
     def lost(self, ranks: Mapping[int, ProcessSpec]) -> set[int]:
         """Ranks that reported an uncaught exception."""
         return {r for r, spec in ranks.items() if spec.error_path and os.path.exists(spec.error_path)}
+
+    def unreachable(self, ranks: Mapping[int, ProcessSpec]) -> tuple[set[int], str]:
+        return set(), ""
 
     def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
         pid = group.pids.get(spec.label)
@@ -126,12 +132,15 @@ class LastWordsRequest:
             return
         asker = self.asker or AskHere(self.plan.log_dir, self.plan.restart)
         lost = self._lost(ranks, stall) | asker.lost(ranks)
-        healthy = sorted(savers - lost)
+        deaf, why_deaf = asker.unreachable(ranks)
+        healthy = sorted(savers - lost - deaf)
         if not self.plan.replicated:
             self._say_none("the layout is sliced (model or pipeline parallel), no rank holds "
                            "another's state")
         elif stall is not None and stall.rank is None:
             self._say_none("every rank went silent: none is known to be healthy")
+        elif not healthy and savers - lost:
+            self._say_none(f"no healthy rank can be asked: {why_deaf}")
         elif not healthy:
             self._say_none("no healthy rank is left to save")
         else:

@@ -108,3 +108,15 @@ def test_a_relayed_answer_reaches_the_asker_and_hosts_that_failed_are_not_asked(
     assert node0.answer_of(0, 10.0) == "saved 50"
     group.sinks["node-a"](control.encode(control.LAST_WORDS, {"rank": 0, "answer": ["saved"]}))
     assert node0.answer_of(0, 0.05) == "", "a garbled answer is dropped"
+
+
+def test_only_the_first_agent_of_mpirun_can_be_asked(tmp_path: Path) -> None:
+    node0, _ = agents(tmp_path)
+    assert node0.deaf_nodes() == set(), "ssh: every agent reads its stdin"
+    plan = cast(LaunchPlan, SimpleNamespace(job_id="j", hosts=HOSTS, nnodes=2, world_size=2,
+                                            log_dir=str(tmp_path)))
+    mpirun = AgentLaunch(ProcessSpec(Role.AGENT, None, "mpirun", 0, None, None,
+                                     str(tmp_path / "mpirun.log"), {}, ("mpirun",)),
+                         None, stdin_nodes=frozenset({0}))
+    one = NodeAgents(plan, [mpirun], ConsoleFilter(), Console(io.BytesIO()), Quiet())
+    assert one.deaf_nodes() == {1}

@@ -4,16 +4,19 @@ request, wait and one line, with plain-Python ranks that speak the trainer's sid
 (``tests/rank_scripts/last_words_plain.py``). The MindSpore half is tests/test_last_words_ranks.py."""
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
 from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.run.last_words import LastWordsRequest
 from parallel import last_words
 from parallel.contract import Event
 from parallel.last_words import Answer, Progress, Request
@@ -235,3 +238,52 @@ def test_a_sliced_layout_has_no_replica_and_is_not_asked(weird_tmp: Path) -> Non
                     "parallel), no rank holds another's state; a restart resumes from the start "
                     "(no complete checkpoint)"], said
     assert not (logs / "last_words_request").exists()
+
+
+class FakeAsker:
+    """An ``Asker`` over agents, in this process: which ranks it says are lost or cannot be
+    asked, and the answer it relays."""
+
+    def __init__(self, lost: set[int], deaf: set[int], answer: str = "") -> None:
+        self._lost, self._deaf, self._answer = lost, deaf, answer
+        self.asked: list[tuple[int, float]] = []
+
+    def lost(self, ranks: Any) -> set[int]:
+        return self._lost
+
+    def unreachable(self, ranks: Any) -> tuple[set[int], str]:
+        return self._deaf, "mpirun passes node 0's requests to the first host's agent only"
+
+    def ask(self, group: Any, spec: Any, since: float, wait: float) -> str:
+        self.asked.append((spec.rank, since))
+        return self._answer
+
+
+def _request(asker: FakeAsker, exited: set[int]) -> tuple[Any, io.StringIO]:
+    specs = [SimpleNamespace(rank=r, host=f"h{r // 2}", node_rank=r // 2) for r in range(4)]
+    plan = SimpleNamespace(ranks=specs, replicated=True, log_dir="/nonexistent", restart=0)
+    attempt = SimpleNamespace(savers={0, 1, 2, 3}, exited=exited, ledger=None)
+    err = io.StringIO()
+    return LastWordsRequest(cast(Any, plan), cast(Any, attempt), err, cast(Any, asker)), err
+
+
+def test_node_0_asks_the_lowest_rank_its_agents_can_reach_and_says_what_it_saved() -> None:
+    """4 ranks on 2 hosts; rank 0 exited, rank 1 is on the host whose agent reported (lost):
+    rank 2 is asked, with the time of the loss."""
+    asker = FakeAsker(lost={1}, deaf=set(), answer="saved 7")
+    hook, err = _request(asker, exited={0})
+    before = time.time()
+    hook(cast(Any, None), None)
+    assert [rank for rank, _ in asker.asked] == [2] and asker.asked[0][1] >= before
+    assert err.getvalue().startswith("npu-launch: last words: rank 2 saved step 7 for every rank")
+
+
+def test_healthy_ranks_that_cannot_be_asked_are_not_waited_for() -> None:
+    asker = FakeAsker(lost={0, 1}, deaf={2, 3})
+    hook, err = _request(asker, exited={0})
+    hook(cast(Any, None), None)
+    assert asker.asked == []
+    assert err.getvalue() == (
+        "npu-launch: no last words: no healthy rank can be asked: mpirun passes node 0's requests "
+        "to the first host's agent only; a restart resumes from the start (no complete "
+        "checkpoint)\n")

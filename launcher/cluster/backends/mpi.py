@@ -38,4 +38,5 @@ class MpiBackend(HostfileBackend):
             argv.append("--allow-run-as-root")
         argv += [*self._options.launcher_args,
                  *agent_argv(python_of(plan), served.address, None, "node0")]
-        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv, served), b"")]
+        return [AgentLaunch(agent_spec(plan, "mpirun", 0, argv, served), b"",
+                            stdin_nodes=frozenset({0}))]
