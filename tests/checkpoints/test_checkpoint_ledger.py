@@ -252,6 +252,23 @@ def test_last_words_saved_on_another_host_are_taken_and_kept_while_they_are_newe
     assert point is not None and point.step == 20
 
 
+def test_last_words_whose_file_never_reached_node_0_are_passed_over(tmp_path: Path) -> None:
+    """A job of agents: the file of step 12's last words is on another host and its upload did
+    not arrive (too large for the teardown's time): the restart resumes from step 10, which
+    every host holds its own file of, instead of failing on a host that lacks step 12's."""
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=True,
+                              agents=True)
+    _both(ledger, tmp_path, 10, seen=(0, 1))
+    remote = tmp_path / "b" / "step_12" / "rank_1.ckpt"
+    assert ledger.record(_last_words(1, "b", remote, b"rank 1 after 12", 12)) is not None
+    remote.unlink()
+    point = ledger.resume_point()
+    assert point is not None and point.step == 10
+    _collect(ledger, 1, 12, b"rank 1 after 12")
+    point = ledger.resume_point()
+    assert point is not None and point.step == 12
+
+
 def test_the_ledger_says_whether_node_0_saw_every_hosts_files(tmp_path: Path) -> None:
     ledger = _sliced(tmp_path, [])
     assert ledger.storage is None
