@@ -257,9 +257,9 @@ def prune_rank(ckpt_dir: PathLike, rank: int, oldest_kept: int) -> list[int]:
             continue
         directory = step_dir(ckpt_dir, step)
         ckpt = rank_checkpoint_path(ckpt_dir, step, rank)
-        manifest = read_manifest(ckpt_dir, step)
-        if not ckpt.exists() and manifest is None and not (directory / MANIFEST).exists():
+        if not ckpt.exists() and not (directory / MANIFEST).exists():
             continue
+        manifest = read_manifest(ckpt_dir, step)
         standing = {directory / f.name for f in (manifest.files if manifest else ())
                     if f.rank == rank and _RANK_FILE.fullmatch(f.name)}
         (directory / MANIFEST).unlink(missing_ok=True)

@@ -165,24 +165,23 @@ class CheckpointLedger:
     def resume_point(self) -> Optional[ResumePoint]:
         """The newest complete step, as a restart resumes from it; when node 0 collects, the
         newest of those it holds every collected rank's file of (the newest may have been
-        written just before a host was lost, and its file never came); a step of last words
-        only once node 0 holds its file (``_usable``)."""
+        written just before a host was lost, and its file never came). A step's last words,
+        one rank's file that stands for every rank, count in a job of agents only once node 0
+        holds that file (it saw it, or its agent sent it): the other hosts get it from there."""
         with self._lock:
-            usable = [s for s in self._complete if self._usable(s)]
-            if not usable:
-                return None
-            served = [s for s in usable if self._collect and self._fully_collected(s)]
-            step = max(served or usable)
-            ranks = self._steps[step]
-            replicas = self._replicas(step) if self._data_parallel else self._slices(step)
-            return ResumePoint(step, self._complete[step].to_json(),
-                               {r: rep.path for r, rep in ranks.items()}, replicas)
+            for step in self._newest_first():
+                replicas = self._replicas(step) if self._data_parallel else self._slices(step)
+                if step in self._standing and self._agents and not replicas:
+                    continue
+                return ResumePoint(step, self._complete[step].to_json(),
+                                   {r: rep.path for r, rep in self._steps[step].items()}, replicas)
+            return None
 
-    def _usable(self, step: int) -> bool:
-        """A step's last words, one rank's file that stands for every rank, are usable by a job
-        of agents only once node 0 holds that file (it saw it, or its agent sent it): the other
-        hosts get it from there. Any other complete step is."""
-        return step not in self._standing or not self._agents or bool(self._replicas(step))
+    def _newest_first(self) -> list[int]:
+        """Complete steps, newest first; when node 0 collects, the ones it holds every collected
+        file of before the others."""
+        return sorted(self._complete, reverse=True,
+                      key=lambda s: (bool(self._collect) and self._fully_collected(s), s))
 
     # Uploads (``payload.UploadReceiver``) ---------------------------------------------------
 

@@ -102,7 +102,7 @@ class Uploader:
                  last_words: bool = False) -> None:
         self._send = send
         self._ranks = ranks
-        self.last_words = last_words
+        self._last_words = last_words
         """Send last words too: this host does not share node 0's storage."""
         self._say = say
         self._pending: dict[int, tuple[Upload, str]] = {}
@@ -115,7 +115,7 @@ class Uploader:
         rank's last words (the restart's other hosts need them), is queued (replacing that
         rank's older one that has not gone yet)."""
         if event.kind != contract.EVENT_CHECKPOINT or not (
-                event.rank in self._ranks or (self.last_words and event.record.get("last_words") is True)):
+                event.rank in self._ranks or (self._last_words and event.record.get("last_words") is True)):
             return
         item = upload_of(event)
         if item is None:
