@@ -32,7 +32,8 @@ class _NpuLaunchCount:
             sys.meta_path.remove(self)
             try:
                 with open({log!r}, "a") as f:
-                    f.write(__import__("json").dumps([os.getpid(), sys.argv]) + "\\n")
+                    f.write(__import__("json").dumps([os.getpid(), sys.argv,
+                        os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0]]) + "\\n")
             except OSError:  # counting must never change what runs
                 pass
         return None
@@ -55,6 +56,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     parser.add_argument("--json", help="write the counts here too")
+    parser.add_argument("--by-test", action="store_true",
+                        help="also count by the test that was running (pytest commands)")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     # Not under /tmp: the multi-node tests' hosts each have a private /tmp, but share the rest.
@@ -70,10 +73,16 @@ def main() -> int:
         pth.unlink()
     starts = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     shutil.rmtree(log.parent)
-    kinds = collections.Counter(kind_of(argv) for _, argv in starts)
+    kinds = collections.Counter(kind_of(start[1]) for start in starts)
     print(f"MindSpore start-ups: {len(starts)} (command exited {code})")
     for kind, n in kinds.most_common():
         print(f"  {n:4d}  {kind}")
+    if args.by_test:
+        tests = collections.Counter(start[2] or "(not under a test's environment: over ssh, "
+                                    "srun or mpirun)" for start in starts)
+        print("By test (the test that was running, from PYTEST_CURRENT_TEST):")
+        for test, n in tests.most_common():
+            print(f"  {n:4d}  {test}")
     if args.json:
         Path(args.json).write_text(json.dumps({"total": len(starts), "by_kind": dict(kinds),
                                                "exit_code": code}, indent=2) + "\n")
