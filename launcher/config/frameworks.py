@@ -35,18 +35,32 @@ def mindspore_only(config: LaunchConfig) -> tuple[str, ...]:
 
 
 class FrameworkNote:
-    """Says once, when the first rank imports torch, which given options it will not apply."""
+    """Says once, when the first rank imports torch, which given options it will not apply;
+    and once, when a rank was found running MindSpore without the rank hook
+    (``launcher.run.hookless``), what that costs."""
 
     def __init__(self, options: tuple[str, ...], err: TextIO) -> None:
         self._options = options
         self._err = err
         self._said = not options
+        self._hookless_said = False
 
     def see(self, event: Event) -> None:
-        if self._said or event.kind != contract.EVENT_FRAMEWORK or event.name != "torch":
+        if event.kind != contract.EVENT_FRAMEWORK:
+            return
+        if event.record.get("hook") is False and not self._hookless_said:
+            self._hookless_said = True
+            self._say(f"npu-launch: note: rank {event.rank} runs MindSpore without npu-launch's "
+                      f"rank hook (its Python, {event.record.get('python') or '?'}, ignored "
+                      "PYTHONPATH or could not load it): MindSpore's scheduler was started "
+                      "when it was found; its exceptions, hangs and steps are not reported")
+        if self._said or event.name != "torch":
             return
         self._said = True
-        self._err.write(f"npu-launch: note: rank {event.rank} uses torch: "
-                        f"{', '.join(self._options)} only change(s) MindSpore ranks (the "
-                        "parallel package, MindSpore's rank-table start, its logs)\n")
+        self._say(f"npu-launch: note: rank {event.rank} uses torch: {', '.join(self._options)} "
+                  "only change(s) MindSpore ranks (the parallel package, MindSpore's rank-table "
+                  "start, its logs)")
+
+    def _say(self, line: str) -> None:
+        self._err.write(line + "\n")
         self._err.flush()

@@ -25,6 +25,7 @@ from launcher.hangs.hang_limits import Limits
 from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.ranks.record import RankRecord
+from launcher.run import hookless
 from launcher.run.events import EventTail
 from launcher.run.failures import (
     Cause,
@@ -82,6 +83,9 @@ class LocalRanks:
         self._group: Optional[ProcessGroup] = None
         self._scheduler = next((s for s in self._specs if s.role is Role.SCHEDULER), None)
         """Not started yet: the scheduler this node runs once a rank needs it."""
+        self._looks: Optional[hookless.Looks] = None
+        self._hookless: set[int] = set()
+        """Ranks found running MindSpore without the rank hook: they cannot be timed."""
 
     def group(self) -> ProcessGroup:
         """The process group these ranks run in."""
@@ -92,6 +96,8 @@ class LocalRanks:
         self._wake = wake
         self._group = group
         self._deadline = self._startup_deadline(time.time())
+        self._looks = None if self._scheduler is None else hookless.Looks(
+            time.time(), self._deadline or time.time() + hookless.WINDOW)
         for rank, spec in self._by_rank.items():
             _remove_stale(spec)
             if self._plan.foreground:
@@ -112,6 +118,9 @@ class LocalRanks:
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._exits += exits
         self._read_events()
+        if self._scheduler is not None and self._looks is not None \
+                and self._looks.due(time.time()):
+            self._look_for_hookless(group)
         self._report_exits(exits)
         self._failures = [Failure.from_exit(e) for e in exits if not e.ok] + _reported(group)
         if self._failures:
@@ -231,9 +240,19 @@ class LocalRanks:
         timeout = self._plan.timeouts.startup
         return started + timeout if timeout > 0 else None
 
+    def _look_for_hookless(self, group: ProcessGroup) -> None:
+        """A rank that named no framework found running MindSpore counts as having said it
+        imports MindSpore (``hookless``): the scheduler starts."""
+        silent = {s.rank: group.pids[s.label] for s in group.running()
+                  if s.rank is not None and not self._records[s.rank].frameworks}
+        for rank, python in hookless.with_mindspore(silent).items() if silent else ():
+            self._hookless.add(rank)
+            self._fold(hookless.said_for(rank, self._by_rank[rank].host, python, time.time()))
+            self._start_scheduler()
+
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
-        return sorted((s for s in group.running()
-                       if s.rank is not None and not self._records[s.rank].initialised),
+        return sorted((s for s in group.running() if s.rank is not None
+                       and not self._records[s.rank].initialised and s.rank not in self._hookless),
                       key=lambda s: s.rank or 0)  # every spec here has a rank
 
     def _late(self, group: ProcessGroup) -> bool:
