@@ -230,10 +230,11 @@ class AskThroughAgents:
         return ({r for r, spec in ranks.items() if spec.node_rank in deaf},
                 "mpirun passes node 0's requests to the first host's agent only")
 
-    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
+    def ask(self, group: ProcessGroup, rank: int, spec: ProcessSpec, since: float,
+            wait: float) -> str:
         started = time.monotonic()
-        group.send(control.words_line(spec.rank or 0, self.plan.restart, time.time() - since))
-        return self.agents.answer_of(spec.rank or 0, wait - (time.monotonic() - started))
+        group.send(control.words_line(rank, self.plan.restart, time.time() - since))
+        return self.agents.answer_of(rank, wait - (time.monotonic() - started))
 
 
 def run_agents(plan: LaunchPlan, agents: list[AgentLaunch], console_filter: ConsoleFilter,

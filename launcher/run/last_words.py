@@ -67,8 +67,10 @@ class Asker(Protocol):
     def unreachable(self, ranks: Mapping[int, ProcessSpec]) -> tuple[set[int], str]:
         """Ranks that cannot be asked, and why."""
 
-    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
-        """The rank's answer (:func:`ask_here`), ``""`` when none came within ``wait``."""
+    def ask(self, group: ProcessGroup, rank: int, spec: ProcessSpec, since: float,
+            wait: float) -> str:
+        """The answer of ``rank`` (run by ``spec``; :func:`ask_here`), ``""`` when none came
+        within ``wait``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +87,10 @@ class AskHere:
     def unreachable(self, ranks: Mapping[int, ProcessSpec]) -> tuple[set[int], str]:
         return set(), ""
 
-    def ask(self, group: ProcessGroup, spec: ProcessSpec, since: float, wait: float) -> str:
+    def ask(self, group: ProcessGroup, rank: int, spec: ProcessSpec, since: float,
+            wait: float) -> str:
         pid = group.pids.get(spec.label)
-        return ask_here(self.log_dir, spec.rank or 0, self.attempt, since,
+        return ask_here(self.log_dir, rank, self.attempt, since,
                         lambda: pid is not None and child_alive(pid), wait)
 
 
@@ -149,7 +152,7 @@ class LastWordsRequest:
             # an all-reduce just before it died).
             since = time.time() - (stall.silent_for if stall is not None else 0.0)
             rank, started = healthy[0], time.monotonic()
-            said = asker.ask(group, ranks[rank], since, self.wait)
+            said = asker.ask(group, rank, ranks[rank], since, self.wait)
             step = _saved(said.split())
             if step is not None:
                 self._say(f"npu-launch: last words: rank {rank} saved step {step} for every "

@@ -254,8 +254,9 @@ class FakeAsker:
     def unreachable(self, ranks: Any) -> tuple[set[int], str]:
         return self._deaf, "mpirun passes node 0's requests to the first host's agent only"
 
-    def ask(self, group: Any, spec: Any, since: float, wait: float) -> str:
-        self.asked.append((spec.rank, since))
+    def ask(self, group: Any, rank: int, spec: Any, since: float, wait: float) -> str:
+        assert spec.rank == rank
+        self.asked.append((rank, since))
         return self._answer
 
 
