@@ -25,8 +25,9 @@ The counters cost a few attribute reads and an increment per call (``bench/bench
 and change nothing the script computes: the wrapped function is called with the same arguments
 and its result or exception passes through. A daemon thread, started by the first count, sends a
 ``progress`` event at most every ``INTERVAL`` seconds and only when something changed: ``count``
-(calls completed plus batches fetched), ``busy`` (the main thread is inside a top-level call now:
-waiting in a collective, in the synchronous case) and ``loads``. MindSpore releases the GIL
+(calls completed plus batches fetched; a call that raised is not completed), ``busy`` (the main
+thread is inside a top-level call now: waiting in a collective, in the synchronous case; or the
+last one raised, and nothing was called or fetched since) and ``loads``. MindSpore releases the GIL
 while a graph runs or a collective waits, so the thread reports a rank blocked there too.
 
 Nothing here imports MindSpore; ``rank_hook`` wraps its functions as their modules load.
@@ -47,6 +48,8 @@ class _Counters:
     def __init__(self) -> None:
         self.main = threading.main_thread().ident
         self.depth = 0
+        self.raised = False
+        """The last top-level call raised, and no call or batch came since."""
         self.calls = 0
         self.batches = 0
         self.loads = 0
@@ -67,15 +70,21 @@ def counting_call(real: Callable[..., Any]) -> Callable[..., Any]:
     def counted(*args: Any, **kwargs: Any) -> Any:
         if state.depth or get_ident() != state.main:
             return real(*args, **kwargs)
-        state.depth = 1
+        state.depth, state.raised = 1, False
         _ensure_reporter()
         try:
-            return real(*args, **kwargs)
-        finally:
-            state.depth = 0
-            state.calls += 1
-            if state.calls == 1:
-                events.emit(contract.EVENT_FIRST_STEP)
+            result = real(*args, **kwargs)
+        except BaseException:
+            # Not completed, and told as still inside it: a rank whose collective timed out
+            # was waiting on a peer, and that must not look like progress, nor like a rank
+            # that stopped between steps, before its error report is read.
+            state.depth, state.raised = 0, True
+            raise
+        state.depth = 0
+        state.calls += 1
+        if state.calls == 1:
+            events.emit(contract.EVENT_FIRST_STEP)
+        return result
     return functools.update_wrapper(counted, real)
 
 
@@ -88,6 +97,7 @@ def counting_next(real: Callable[..., Any]) -> Callable[..., Any]:
         item = real(self)
         if not state.depth and get_ident() == state.main:
             state.batches += 1
+            state.raised = False
             _ensure_reporter()
         return item
     return functools.update_wrapper(__next__, real)
@@ -129,8 +139,8 @@ def in_section(kind: str, real: Callable[..., Any]) -> Callable[..., Any]:
 def snapshot(state: Optional[_Counters] = None) -> tuple[int, bool, int, str, int]:
     """(count, busy, loads, section, sections) now."""
     state = state or _state
-    return (state.calls + state.batches, state.depth > 0, state.loads, state.section,
-            state.sections)
+    return (state.calls + state.batches, state.depth > 0 or state.raised, state.loads,
+            state.section, state.sections)
 
 
 def _ensure_reporter() -> None:

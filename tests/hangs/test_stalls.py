@@ -208,7 +208,9 @@ def test_only_the_main_threads_top_level_calls_count(counted) -> None:
     assert outer(inner) == "result"
     with pytest.raises(ValueError, match="inside the cell"):
         outer(fail=True)
-    assert progress.snapshot()[:3] == (2, False, 0) and Cell.calls == 3
+    assert progress.snapshot()[:3] == (1, True, 0) and Cell.calls == 3, \
+        "a call that raised is not progress, and the rank is told as inside it"
+    assert outer() == "result" and progress.snapshot()[:3] == (2, False, 0)
     worker = threading.Thread(target=outer)
     worker.start()
     worker.join()
