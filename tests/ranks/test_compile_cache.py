@@ -3,11 +3,12 @@
 The plan gives every rank ``MS_COMPILER_CACHE_ENABLE=1`` and ``MS_COMPILER_CACHE_PATH`` =
 ``<log dir>/compile_cache/<launch>`` unless the user set either variable or gave
 ``--no-compile-cache``; MindSpore keeps each rank's graphs in ``rank_<N>/graph_cache/`` there.
-The real jobs (``tests/rank_scripts/compiled_steps.py``: GRAPH mode, 8x8 inputs, 3 steps) show
-the files in place, a path of the user's respected, and a restart that loads what the first
-attempt compiled: MindSpore says so in the rank's log (``GetCachedFuncGraph`` in its
-``compile_cache_manager.cc``, a WARNING, so it is there at the default log level), it writes
-no cache file once the second attempt started, and the parameters end as without the cache.
+Two real jobs (``tests/rank_scripts/compiled_steps.py``: GRAPH mode, 8x8 inputs, 3 steps) show
+a path of the user's respected, and the graphs kept in the log dir and a restart that loads
+what the first attempt compiled: MindSpore says so in the rank's log (``GetCachedFuncGraph`` in
+its ``compile_cache_manager.cc``, a WARNING, so it is there at the default log level), it writes
+no cache file once the second attempt started, and the parameters end as those of the job that
+compiled its graphs.
 """
 from __future__ import annotations
 
@@ -145,40 +146,44 @@ def _graphs(cache: Path, rank: int) -> list[Path]:
     return sorted((cache / f"rank_{rank}" / "graph_cache").glob("*.mindir"))
 
 
-@pytest.mark.mindspore
-def test_the_ranks_graphs_are_kept_in_the_log_dir(weird_tmp: Path) -> None:
-    logs = weird_tmp / "logs"
-    _run(logs, "cache-kept", JOB)
-    cache = _planned_cache(logs)
-    assert cache.parent == logs / COMPILE_CACHE
-    assert all(_graphs(cache, rank) for rank in (0, 1)), sorted(map(str, cache.rglob("*")))
-    assert all(COMPILED in (logs / f"rank_{rank}.log").read_text() for rank in (0, 1))
+@pytest.fixture(scope="module")
+def compiled_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """One job with a cache path of the user's (log dir, that path, its output): the graphs it
+    compiled, and the parameters a job that compiled its graphs ends with."""
+    root = tmp_path_factory.mktemp("cache mine")
+    logs, mine = root / "logs", root / "my cache"
+    out, _ = _run(logs, "cache-mine", JOB, env=_env(MS_COMPILER_CACHE_ENABLE="1",
+                                                    MS_COMPILER_CACHE_PATH=str(mine)))
+    return logs, mine, out
 
 
 @pytest.mark.mindspore
-def test_a_cache_path_the_user_set_is_where_the_graphs_go(weird_tmp: Path) -> None:
-    logs, mine = weird_tmp / "logs", weird_tmp / "my cache"
-    _run(logs, "cache-mine", JOB, env=_env(MS_COMPILER_CACHE_ENABLE="1",
-                                           MS_COMPILER_CACHE_PATH=str(mine)))
+def test_a_cache_path_the_user_set_is_where_the_graphs_go(
+        compiled_elsewhere: tuple[Path, Path, str]) -> None:
+    logs, mine, _ = compiled_elsewhere
     assert all(_graphs(mine, rank) for rank in (0, 1))
     assert not (logs / COMPILE_CACHE).exists(), "nothing of npu-launch's in the log dir"
 
 
 @pytest.mark.mindspore
-def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) -> None:
+def test_a_restart_loads_the_graphs_the_first_attempt_compiled(
+        weird_tmp: Path, compiled_elsewhere: tuple[Path, Path, str]) -> None:
+    """The first attempt compiles and keeps each rank's graphs in the log dir; the restart
+    loads them, writes none, and trains to what a job that compiled its graphs ends with."""
     logs = weird_tmp / "logs"
     out, err = _run(logs, "cache-restart", "--max-restarts", "1", JOB, "--fail-rank", "1",
                     "--fail-after-step", "0")
     assert "restart 1 of 1" in err and "job cache-restart failed: rank 1" in err, err[-3000:]
     cache = _planned_cache(logs)
+    assert cache.parent == logs / COMPILE_CACHE
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     second = sorted(r["time"] for r in records if r["event"] == "started")[2]
     for rank in (0, 1):
         first_attempt, _, restarted = (logs / f"rank_{rank}.log").read_text().partition(LOADED)
         assert COMPILED in first_attempt and restarted, f"rank {rank} compiled, then loaded"
-        assert _graphs(cache, rank)
+        assert _graphs(cache, rank), sorted(map(str, cache.rglob("*")))
         written = max(p.stat().st_mtime for p in (cache / f"rank_{rank}").rglob("*"))
         assert written < second, f"rank {rank} wrote its cache again after the restart"
-    plain, _ = _run(weird_tmp / "plain", "cache-none", "--no-compile-cache", JOB)
-    assert checksums(out) == checksums(plain) and len(checksums(out)) == 2, \
+    compiled = compiled_elsewhere[2]
+    assert checksums(out) == checksums(compiled) and len(checksums(out)) == 2, \
         "the loaded graphs train as the compiled ones do"
