@@ -31,9 +31,12 @@ def _modes(logs: Path, rank: int, event: str) -> list[str]:
 
 
 def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
-    logs = weird_tmp / "logs"
+    """Accuracy, the aggregator's files, and every evaluation and the execution mode reaching
+    summary.json, metrics.jsonl and the report (one job: the evaluations' own test ran a
+    second, shorter copy of it)."""
+    logs, epochs = weird_tmp / "logs", 10
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "digits", "--log-dir",
-                          str(logs), MAIN, "--epochs", "10")
+                          str(logs), MAIN, "--epochs", str(epochs))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     ranks = _results(result.stdout)
     assert set(ranks) == {0, 1}
@@ -48,32 +51,25 @@ def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
     assert 1 <= len(manifests) <= 3, "keep the last 3 complete checkpoints"
     steps = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert {e.get("rank") for e in steps if e.get("event") == "step"} == {0, 1}
+    _assert_every_evaluation_in_graph_mode(logs, summary, ranks, epochs)
     report = run_launcher("report", str(logs))
     assert report.returncode == 0, report.stderr
     assert (logs / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "execution: graph mode" in report.stdout.splitlines()
+    rows = [line.split() for line in report.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [row[6:8] for row in rows] == [["graph", f"{ranks[0][0]:.4f}"],
+                                          ["graph", f"{ranks[1][0]:.4f}"]]
     assert_no_job_processes("digits")
 
 
-def test_diverged_replica_is_caught_and_named(weird_tmp: Path) -> None:
-    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "diverged", "--log-dir", str(weird_tmp / "logs"), FAULTS,
-                          "--perturb-rank", "1", "--epochs", "2")
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "rank(s) 1 disagree" in result.stderr, result.stderr[-3000:]
-    assert_no_job_processes("diverged")
-
-
-def test_every_evaluation_and_graph_mode_reach_summary_metrics_and_report(weird_tmp: Path) -> None:
-    logs = weird_tmp / "logs"
-    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "digits-eval",
-                          "--log-dir", str(logs), MAIN, "--epochs", "2")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    printed = _results(result.stdout)
-    summary = json.loads((logs / "summary.json").read_text())
+def _assert_every_evaluation_in_graph_mode(logs: Path, summary: dict,
+                                           printed: dict[int, tuple[float, int, str]],
+                                           epochs: int) -> None:
     for rank in summary["ranks"]:
         steps, r = rank["steps"], rank["rank"]
-        evals = _records(logs, r, "eval")
-        assert [(e["epoch"], e["step"]) for e in evals] == [(1, steps // 2), (2, steps)]
-        assert [(e["epoch"], e["step"]) for e in rank["evals"]] == [(1, steps // 2), (2, steps)]
+        each = [(epoch, steps * epoch // epochs) for epoch in range(1, epochs + 1)]
+        assert [(e["epoch"], e["step"]) for e in _records(logs, r, "eval")] == each
+        assert [(e["epoch"], e["step"]) for e in rank["evals"]] == each
         assert rank["eval"] == rank["evals"][-1]
         assert rank["eval"]["accuracy"] == pytest.approx(printed[r][0], abs=6e-5)
         assert rank["eval"]["accuracy"] >= 0.8 and 0 < rank["eval"]["loss"] < 1
@@ -83,13 +79,14 @@ def test_every_evaluation_and_graph_mode_reach_summary_metrics_and_report(weird_
         assert _modes(logs, r, "step")[0] == "graph"
         assert _modes(logs, r, "finished") == ["graph"] and rank["exec_mode"] == "graph"
         assert "PyNative mode" not in (logs / f"rank_{r}.log").read_text()
-    report = run_launcher("report", str(logs), "--no-plot")
-    assert report.returncode == 0, report.stderr
-    assert "execution: graph mode" in report.stdout.splitlines()
-    rows = [line.split() for line in report.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert [row[6:8] for row in rows] == [["graph", f"{printed[0][0]:.4f}"],
-                                          ["graph", f"{printed[1][0]:.4f}"]]
-    assert_no_job_processes("digits-eval")
+
+
+def test_diverged_replica_is_caught_and_named(weird_tmp: Path) -> None:
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "diverged", "--log-dir", str(weird_tmp / "logs"), FAULTS,
+                          "--perturb-rank", "1", "--epochs", "2")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "rank(s) 1 disagree" in result.stderr, result.stderr[-3000:]
+    assert_no_job_processes("diverged")
 
 
 def test_debug_runs_the_main_job_in_pynative_and_says_so(weird_tmp: Path) -> None:
