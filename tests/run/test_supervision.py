@@ -2,8 +2,8 @@
 
 The ranks are plain Python (``rank_scripts/plain_job.py``: ms_job.py's flags, the contract's
 events written by the script, peers met over MASTER_PORT), so these jobs start no MindSpore
-process at all; two tests keep real MindSpore ranks for what only they show (a one-rank cluster
-in the foreground, a hang whose victim waits inside MindSpore).
+process at all; one test keeps real MindSpore ranks for what only they show (a one-rank cluster
+in the foreground). A hang whose victim waits inside MindSpore is ``ranks/test_hangs.py``'s.
 
 Every test ends by asserting that no process of the job is left (found by the job id in the
 environment, plus every pid seen while the job ran). Time bounds here are not benchmarks: each
@@ -31,8 +31,6 @@ from helpers import (
     wait_for,
     worker_pid,
 )
-
-from launcher.hangs.stalls import HANG_EXIT_CODE
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")
 MS_JOB = str(RANK_SCRIPTS / "ms_job.py")
@@ -167,21 +165,3 @@ def test_one_card_is_a_cluster_of_one_in_the_foreground(weird_tmp: Path) -> None
     assert not (weird_tmp / "logs" / "rank_0.log").exists()
     assert (weird_tmp / "logs" / "scheduler.log").exists()
     assert_no_job_processes("one-job")
-
-
-@pytest.mark.mindspore
-def test_rank_hung_mid_training_is_named_with_its_stack(weird_tmp: Path) -> None:
-    proc = _launch(weird_tmp, "midhang-job", "--steps", "400", "--hang-rank", "1",
-                   "--hang-at-step", "3", extra=("--hang-timeout", "4"), script=MS_JOB)
-    wait_for(lambda: job_pids("midhang-job"), "the job's processes")
-    seen = tuple(job_pids("midhang-job"))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == HANG_EXIT_CODE, err[-3000:]
-    assert "rank 1 on" in err and "hangs: no progress for" in err, err[-3000:]
-    assert "while rank(s) 0 wait in MindSpore" in err
-    assert "ms_job.py" in err.split("rank 1 is at")[1], "the hung rank's own frame is shown"
-    summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
-    assert summary["outcome"] == "stalled"
-    assert {k: summary["root_cause"][k] for k in ("outcome", "rank", "ranks")} == {
-        "outcome": "stalled", "rank": 1, "ranks": [0]}
-    assert_no_job_processes("midhang-job", seen)
