@@ -99,8 +99,3 @@ def said_for(rank: int, host: str, python: str, now: float) -> Event:
     record = {"event": contract.EVENT_FRAMEWORK, "rank": rank, "host": host,
               "name": "mindspore", "hook": False, "python": python, "time": now}
     return Event.parse(record) or Event(contract.EVENT_FRAMEWORK, rank)
-
-
-def hookless(event: Event) -> bool:
-    """Whether ``event`` is one ``said_for`` made."""
-    return event.kind == contract.EVENT_FRAMEWORK and event.record.get("hook") is False
