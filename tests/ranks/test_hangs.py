@@ -7,6 +7,9 @@ itself once --hang-timeout passed, blame rank 1 (not rank 0, the victim), keep e
 stacks, and exit with the hang's exit code. Stopping it through the hang check, not through
 MindSpore's timeout, shows in ``summary.json``: a ``stall`` and no ``consequence``.
 
+The same script with and without the rank hook (re-run with ``python -E``) ends with the same
+parameters, and the job without it is not left waiting for its scheduler.
+
 Wall-clock bounds are not asserted here (the machine is noisy); ``bench/bench_progress.py``
 measures hang-to-exit times.
 """
@@ -15,11 +18,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 from typing import Optional
 
 import pytest
 from helpers import (
+    RANK_SCRIPTS,
     TESTS,
     assert_no_job_processes,
     checksums,
@@ -88,16 +94,30 @@ def test_a_communication_timeout_is_the_consequence_of_the_stalled_rank(weird_tm
     assert summary["stall"] is None, "the hang check itself did not fire"
 
 
-def test_detection_changes_nothing_the_script_computes(weird_tmp: Path) -> None:
-    sums = {}
-    for timeout in ("0", "600"):
-        result = run_launcher("--device", "cpu", "--cards", "2", "--log-dir",
-                              str(weird_tmp / f"logs-{timeout}"), "--hang-timeout", timeout,
-                              PLAIN, "--style", "cell", "--steps", "8", "--graph")
-        assert result.returncode == 0, result.stderr[-3000:]
-        sums[timeout] = set(checksums(result.stdout).values())
-        assert len(sums[timeout]) == 1
-    assert sums["0"] == sums["600"]
-    events = (weird_tmp / "logs-600" / "events" / "rank_0.jsonl").read_text()
-    assert '"event": "progress"' in events
-    assert '"event": "progress"' not in (weird_tmp / "logs-0" / "events" / "rank_0.jsonl").read_text()
+def test_the_hook_changes_nothing_computed_and_a_rank_without_it_is_found(weird_tmp: Path) -> None:
+    """The rank hook with its progress counting (hang detection on) against no hook at all: the
+    same parameters. The job without it is the script re-run with ``python -E``
+    (``rank_scripts/isolated.py``): its ranks never say they import MindSpore, and npu-launch
+    finds them from their processes (``launcher.run.hookless``) and starts the scheduler, with
+    one note (before that, such a job waited for its scheduler with no end)."""
+    job = (PLAIN, "--style", "cell", "--steps", "8", "--graph")
+    hooked = run_launcher("--device", "cpu", "--cards", "2", "--log-dir",
+                          str(weird_tmp / "logs-hook"), "--hang-timeout", "600", *job)
+    assert hooked.returncode == 0, hooked.stderr[-3000:]
+    assert '"event": "progress"' in (weird_tmp / "logs-hook" / "events" / "rank_0.jsonl").read_text()
+    bare = start_job(weird_tmp / "logs-bare", "hookless", str(RANK_SCRIPTS / "isolated.py"), *job)
+    try:
+        out, err = bare.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        bare.send_signal(signal.SIGTERM)
+        out, err = bare.communicate(timeout=60)
+        pytest.fail(f"the job waited for its scheduler: {err[-3000:]}")
+    assert bare.returncode == 0, err[-3000:]
+    notes = [line for line in err.splitlines() if "without npu-launch's rank hook" in line]
+    assert len(notes) == 1 and notes[0].startswith("npu-launch: note: rank "), err[-3000:]
+    assert "MindSpore's scheduler was started when it was found" in notes[0]
+    assert '"event": "progress"' not in (weird_tmp / "logs-bare" / "events" /
+                                         "rank_0.jsonl").read_text(), "no hook, no counting"
+    sums = {"hook": set(checksums(hooked.stdout).values()), "none": set(checksums(out).values())}
+    assert len(sums["hook"]) == 1 and sums["hook"] == sums["none"], sums
+    assert_no_job_processes("hookless")
