@@ -2,7 +2,8 @@
 
 --ckpt-at-steps N,M: periodic checkpoints of these steps too (what last words are compared with).
 --kill-at-step N: in the first attempt, rank 1 SIGKILLs itself after step N.
---hang-at-step N: in the first attempt, rank 1 stops after step N (sleeps: a hung rank).
+--hang-at-step N: in attempt --hang-in-attempt (0, the first, unless given), rank 1 stops after
+step N (sleeps: a hung rank).
 """
 import argparse
 import dataclasses
@@ -53,12 +54,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--ckpt-at-steps", default="")
 parser.add_argument("--kill-at-step", type=int, default=-1)
 parser.add_argument("--hang-at-step", type=int, default=-1)
+parser.add_argument("--hang-in-attempt", type=int, default=0)
 ours, rest = parser.parse_known_args()
 rank = int(os.environ[contract.RANK_ID])
-first_attempt = os.environ.get(contract.RESTART, "0") == "0"
+attempt = int(os.environ.get(contract.RESTART, "0"))
 at = {int(step) for step in ours.ckpt_at_steps.split(",") if step}
 callbacks: list[Callback] = [AtSteps(at)] if at else []
-if rank == 1 and first_attempt and max(ours.kill_at_step, ours.hang_at_step) >= 0:
-    hang = ours.hang_at_step >= 0
-    callbacks.append(FaultAtStep(ours.hang_at_step if hang else ours.kill_at_step, hang))
+if rank == 1 and attempt == 0 and ours.kill_at_step >= 0:
+    callbacks.append(FaultAtStep(ours.kill_at_step, hang=False))
+if rank == 1 and attempt == ours.hang_in_attempt and ours.hang_at_step >= 0:
+    callbacks.append(FaultAtStep(ours.hang_at_step, hang=True))
 train_digits.main(rest, callbacks)

@@ -1,12 +1,14 @@
 """Last words with real MindSpore ranks (issue 24 part 1): what only they prove. The healthy
 replica's save of the last completed step, made by a thread while the main thread is blocked
-in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash or a
-hang at step 33 (mid-epoch) resumes from step 33 to the uninterrupted job's parameters; and a
+in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash at step 33
+(mid-epoch), then a hang at step 50 in the attempt that resumed, each resume from their last
+words to the uninterrupted job's parameters; and a
 peer lost in the middle of a step's gradient exchange leaves that step unapplied, not half.
 The main digits job, 3 epochs of 22 steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +20,11 @@ from parallel.manifest import sha256_file
 pytestmark = pytest.mark.mindspore
 SCRIPT = str(RANK_SCRIPTS / "digits_last_words.py")
 AT = 33  # mid-epoch 2: no periodic checkpoint of it (every 5 epochs, and at the end)
-"""Rank 1 dies or stops right after step ``AT``. Rank 0's last completed step is ``AT``, or
-``AT - 1`` when rank 1 was gone before rank 0's share of step ``AT``'s all-reduce arrived: the
-issue's "step 49 or 50"."""
+"""Rank 1 dies right after step ``AT``. Rank 0's last completed step is ``AT``, or ``AT - 1``
+when rank 1 was gone before rank 0's share of step ``AT``'s all-reduce arrived: the issue's
+"step 49 or 50"."""
+HANG_AT = 50
+"""Mid-epoch 3: rank 1 stops after this step in the attempt that resumed from ``AT``."""
 COMMON = ("--device", "cpu", "--cards", "2", "--console", "none")
 
 
@@ -36,22 +40,20 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _faulty(root: Path, job: str, fault: tuple[str, str], *options: str) -> str:
-    """The job with ``fault`` (the script's option and step), ``options`` to npu-launch."""
-    done = run_launcher(*COMMON, "--max-restarts", "1", "--restart-backoff", "0", "--job-id", job,
-                        "--log-dir", str(root / "logs"), *options, SCRIPT, *fault,
+def _faulty(root: Path, job: str, faults: tuple[str, ...], *options: str) -> str:
+    """The job with ``faults`` (the script's options), ``options`` to npu-launch."""
+    done = run_launcher(*COMMON, "--max-restarts", "2", "--restart-backoff", "0", "--job-id", job,
+                        "--log-dir", str(root / "logs"), *options, SCRIPT, *faults,
                         "--epochs", "3", "--save-params", str(root / "params"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_no_job_processes(job)
     return done.stderr
 
 
-def _saved_step(err: str) -> int:
-    """The step last words saved, which must be ``AT - 1`` or ``AT``."""
-    for step in (AT - 1, AT):
-        if f"npu-launch: last words: rank 0 saved step {step} for every rank" in err:
-            return step
-    raise AssertionError(err[-3000:])
+def _saved_steps(err: str) -> list[int]:
+    """The steps last words saved, in order."""
+    return [int(m[1]) for m in re.finditer(
+        r"npu-launch: last words: rank 0 saved step (\d+) for every rank", err)]
 
 
 def _assert_resumed_to_the_same_parameters(straight: Path, root: Path, step: int) -> None:
@@ -65,28 +67,32 @@ def _assert_resumed_to_the_same_parameters(straight: Path, root: Path, step: int
         assert not differ, f"rank {rank}: resumed parameters differ: {differ}"
 
 
-def test_a_crash_leaves_the_periodic_checkpoint_of_the_last_step_bit_for_bit(
+def test_a_crash_then_a_hang_each_leave_last_words_and_the_job_ends_as_uninterrupted(
         straight: Path, weird_tmp: Path) -> None:
-    err = _faulty(weird_tmp, "lw-crash", ("--kill-at-step", str(AT)))
-    assert "restart 1 of 1 after: job lw-crash failed: rank 1" in err and "killed by SIGKILL" in err
-    step = _saved_step(err)
-    saved = weird_tmp / "logs" / "checkpoints" / f"step_{step}" / "rank_0.ckpt"
-    periodic = straight / "logs" / "checkpoints" / f"step_{step}" / "rank_0.ckpt"
+    """Attempt 0: rank 1 is killed after step ``AT``; rank 0's last words of that step are
+    byte for byte the periodic checkpoint of it. Attempt 1 resumes there, and rank 1 hangs after
+    step ``HANG_AT``; the last words of that step are resumed from in attempt 2, and the job
+    ends with the uninterrupted job's parameters. (One job of three attempts: the crash and the
+    hang were two jobs, and the hang's first attempt only repeated the crash's first 33 steps.)"""
+    err = _faulty(weird_tmp, "lw-faults", ("--kill-at-step", str(AT), "--hang-at-step",
+                                           str(HANG_AT), "--hang-in-attempt", "1"),
+                  "--hang-timeout", "5")
+    assert "restart 1 of 2 after: job lw-faults failed: rank 1" in err and "killed by SIGKILL" in err
+    assert "restart 2 of 2 after:" in err and "hang" in err.split("restart 2 of 2 after:")[1][:400]
+    crashed, hung = _saved_steps(err)
+    assert crashed in (AT - 1, AT) and hung in (HANG_AT - 1, HANG_AT), (crashed, hung)
+    saved = weird_tmp / "logs" / "checkpoints" / f"step_{crashed}" / "rank_0.ckpt"
+    periodic = straight / "logs" / "checkpoints" / f"step_{crashed}" / "rank_0.ckpt"
     # Digests, not the bytes: pytest's diff of two 40 KB byte strings took 330 s in CI.
     assert sha256_file(saved) == sha256_file(periodic), \
         "last words hold exactly what the periodic checkpoint of the step holds"
-    ledger = json.loads((weird_tmp / "logs" / "checkpoint_ledger" / f"step_{step}" /
+    ledger = json.loads((weird_tmp / "logs" / "checkpoint_ledger" / f"step_{crashed}" /
                          "manifest.json").read_text())
     assert [f["name"] for f in ledger["files"]] == ["rank_0.ckpt", "rank_0.ckpt"]
-    assert ledger["position"]["global_step"] == step
-    _assert_resumed_to_the_same_parameters(straight, weird_tmp, step)
-
-
-def test_a_hang_likewise_resumes_from_the_step_it_hung_after(straight: Path,
-                                                            weird_tmp: Path) -> None:
-    err = _faulty(weird_tmp, "lw-hang", ("--hang-at-step", str(AT)), "--hang-timeout", "5")
-    assert "hang" in err.lower(), err[-3000:]
-    _assert_resumed_to_the_same_parameters(straight, weird_tmp, _saved_step(err))
+    assert ledger["position"]["global_step"] == crashed
+    attempts = json.loads((weird_tmp / "logs" / "summary.json").read_text())["attempts"]
+    assert [a["resumed_from"] for a in attempts] == [None, crashed, hung], attempts
+    _assert_resumed_to_the_same_parameters(straight, weird_tmp, hung)
 
 
 def test_a_peer_lost_mid_exchange_leaves_the_step_unapplied(tmp_path: Path) -> None:
