@@ -1,10 +1,10 @@
 """Last words with real MindSpore ranks (issue 24 part 1): what only they prove. The healthy
 replica's save of the last completed step, made by a thread while the main thread is blocked
-in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash at step 33
-(mid-epoch), then a hang at step 50 in the attempt that resumed, each resume from their last
-words to the uninterrupted job's parameters; and a
-peer lost in the middle of a step's gradient exchange leaves that step unapplied, not half.
-The main digits job, 3 epochs of 22 steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
+in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash at
+step 33 (mid-epoch), then a hang at step 50 in the attempt that resumed, each resume from their
+last words to the uninterrupted job's parameters; and a peer lost in the middle of a step's
+gradient exchange leaves that step unapplied, not half. The main digits job, 3 epochs of 22
+steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
 from __future__ import annotations
 
 import json
