@@ -11,7 +11,7 @@ from typing import TextIO
 from launcher.config.launch_config import LaunchConfig
 from parallel import contract
 from parallel.config import ParallelConfig
-from parallel.contract import Event
+from parallel.contract import Event, shown
 
 _PARALLEL_OPTIONS = {"mode": "--parallel", "dp": "--dp", "mp": "--mp", "pp": "--pp",
                      "micro_batches": "--micro-batches", "optimizer_shard": "--optimizer-shard",
@@ -51,7 +51,7 @@ class FrameworkNote:
         if event.record.get("hook") is False and not self._hookless_said:
             self._hookless_said = True
             self._say(f"npu-launch: note: rank {event.rank} runs MindSpore without npu-launch's "
-                      f"rank hook (its Python, {event.record.get('python') or '?'}, ignored "
+                      f"rank hook (its Python, {shown(event.record.get('python') or '?')}, ignored "
                       "PYTHONPATH or could not load it): MindSpore's scheduler was started "
                       "when it was found; its exceptions, hangs and steps are not reported")
         if self._said or event.name != "torch":

@@ -1,11 +1,12 @@
-"""The one-line note for a torch job given options that only MindSpore ranks apply
-(``launcher.config.frameworks``), in-process."""
+"""The one-line notes of ``launcher.config.frameworks``, in-process: a torch job given options
+that only MindSpore ranks apply, and a MindSpore rank found running without the rank hook."""
 from __future__ import annotations
 
 import io
 
 from launcher.config.frameworks import FrameworkNote, mindspore_only
 from launcher.config.launch_config import LaunchConfig
+from launcher.run import hookless
 from parallel import contract
 from parallel.config import ParallelConfig
 from parallel.contract import Event
@@ -43,3 +44,15 @@ def test_nothing_is_said_without_such_options() -> None:
     err = io.StringIO()
     FrameworkNote((), err).see(_framework(0, "torch"))
     assert err.getvalue() == ""
+
+
+def test_a_rank_found_without_the_hook_is_told_once_and_its_python_shown_safely() -> None:
+    err = io.StringIO()
+    note = FrameworkNote((), err)
+    odd = "/opt/\x1b[2Jenv/" + "x" * 300 + "/python"
+    for rank in (1, 0):
+        note.see(hookless.said_for(rank, "h", odd, 1.0))
+    note.see(_framework(0, "mindspore"))  # the hook's own event: nothing to say
+    (line,) = err.getvalue().splitlines()
+    assert line.startswith("npu-launch: note: rank 1 runs MindSpore without npu-launch's rank hook")
+    assert "\x1b" not in line and "x" * 100 not in line, "the path is cut and escaped"
