@@ -159,7 +159,7 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                                      environ, err)  # launcher.cluster.card_checks
         job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
                                        policy, attempts, err, bad.why if bad else None)
-        _say_passed_over(attempts.ledger, resume, config.kill_timeout, err)
+        _say_passed_over(attempts.ledger, resume, err)
         if bad is not None and gone is None:
             return bad.stopped(result, plan.job_id)
         if gone is not None:
@@ -221,14 +221,15 @@ def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
 
 
 def _say_passed_over(ledger: CheckpointLedger, resume: Optional[ResumePoint],
-                     kill_timeout: float, err: TextIO) -> None:
+                     err: TextIO) -> None:
     """One line when the newest complete step is last words whose file did not reach node 0
-    in time: the console said they were saved, and the restart resumes from an older step."""
+    (its upload did not end within ``--kill-timeout``, or failed): the console said they were
+    saved, and the restart resumes from an older step."""
     step = ledger.last_words_passed_over()
     if step is not None:
         older = f"step {resume.step}" if resume is not None else "the start"
-        err.write(f"npu-launch: last words of step {step} did not reach node 0 within "
-                  f"--kill-timeout {kill_timeout:g} s: the restart resumes from {older}\n")
+        err.write(f"npu-launch: last words of step {step} did not reach node 0 before the "
+                  f"restart: it resumes from {older}\n")
 
 
 def _stopped_waiting(failed: JobResult, job_id: str, signum: int) -> JobResult:

@@ -50,3 +50,32 @@ def test_a_rank_lost_on_one_host_leaves_the_other_hosts_replica_last_step(
     for host in (a, b):  # the saver's own, and a copy for the other host
         assert ssh_cluster.read_text(host, saved) == f"rank {saver}'s state after step 3\n", host
     assert_no_job_processes(ssh_cluster, job)
+
+
+def test_last_words_that_never_reach_node_0_are_passed_over_in_one_line(
+        ssh_cluster, weird_tmp: Path) -> None:
+    """Node 0's rank fails; rank 1 on the other host saves step 3 and says so, but its file is
+    gone before its agent can send it (``--lose-file``): node 0 never holds it, so the restart
+    cannot give it to a host that lacks it, resumes from the start, and says why in one line
+    after the one that said the step was saved."""
+    a, _ = ssh_cluster.names
+    job, logs = "mn-words-lost", weird_tmp / "logs"
+    hostfile = write_hostfile(weird_tmp, ssh_cluster, slots=1)
+    job_dir(ssh_cluster, weird_tmp, scripts=("last_words_plain.py",))
+    result = run_on_node0(ssh_cluster, [
+        "--hostfile", str(hostfile), "--ssh-option", f"-F {ssh_cluster.ssh_config_path}",
+        "--device", "cpu", "--console", "none", "--job-id", job, "--max-restarts", "1",
+        "--restart-backoff", "0", "--log-dir", str(logs), str(weird_tmp / "last_words_plain.py"),
+        "--at", "3", "--fails", "0", "--fail-after", "1", "--lose-file"], cwd=weird_tmp,
+        timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    said = [line for line in result.stderr.splitlines() if "last words" in line]
+    assert [line.split(" (")[0] for line in said] == [
+        "npu-launch: last words: rank 1 saved step 3 for every rank before the job was stopped",
+        "npu-launch: last words of step 3 did not reach node 0 before the restart: it resumes "
+        "from the start"], result.stderr[-4000:]
+    for rank in (0, 1):
+        log = ssh_cluster.read_text(a, logs / f"rank_{rank}.log") or ""
+        assert log.strip().splitlines()[-1] == f"rank {rank} resumes from step none with []", \
+            log[-2000:]
+    assert_no_job_processes(ssh_cluster, job)

@@ -25,6 +25,9 @@ parser.add_argument("--fails", type=int, default=1, help="the rank that fails (t
 parser.add_argument("--hangs", action="store_true",
                     help="the failing rank hangs instead (sleeps outside any collective) and the "
                          "other says it waits inside one (busy), as the rank hook would")
+parser.add_argument("--lose-file", action="store_true",
+                    help="the saver deletes its file once it said it saved it, as a host whose "
+                         "upload cannot reach node 0: node 0 never holds it")
 parser.add_argument("--fail-after", type=float, default=0.0,
                     help="seconds the failing rank waits after its last step: another "
                          "host's agent forwards the other rank's events every 0.1 s")
@@ -53,6 +56,8 @@ class FileSaver:
                     size=path.stat().st_size, sha256=sha256_file(path),
                     position=dataclasses.asdict(DataPosition(0, step, step)), world_size=2,
                     last_words=True)
+        if args.lose_file:
+            path.unlink()
 
     def discard(self, path: Path) -> None:
         path.unlink()
