@@ -159,9 +159,9 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
                                      environ, err)  # launcher.cluster.card_checks
         job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
                                        policy, attempts, err, bad.why if bad else None)
-        _say_passed_over(attempts.ledger, resume, err)
         if bad is not None and gone is None:
             return bad.stopped(result, plan.job_id)
+        _say_passed_over(attempts.ledger, resume, err)
         if gone is not None:
             left_out.append(gone)
             blamed.clear()

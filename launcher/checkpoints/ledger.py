@@ -179,10 +179,11 @@ class CheckpointLedger:
 
     def last_words_passed_over(self) -> Optional[int]:
         """The newest complete step, when ``resume_point`` passes it over: its last words'
-        file did not reach node 0 (its upload did not end within ``--kill-timeout``)."""
+        file did not reach node 0 (its upload did not end within ``--kill-timeout``, or
+        failed)."""
         with self._lock:
-            newest = next(iter(self._newest_first()), None)
-            return newest if newest is not None and self._usable(newest) is None else None
+            order = self._newest_first()
+            return order[0] if order and self._usable(order[0]) is None else None
 
     def _usable(self, step: int) -> Optional[dict[int, str]]:
         """The node-0 copies a restart from complete ``step`` gives hosts that lack their file;
