@@ -225,7 +225,7 @@ def _say_passed_over(ledger: CheckpointLedger, resume: Optional[ResumePoint],
     """One line when the newest complete step is last words whose file did not reach node 0
     (its upload did not end within ``--kill-timeout``, or failed): the console said they were
     saved, and the restart resumes from an older step."""
-    step = ledger.last_words_passed_over()
+    step = ledger.last_words_passed_over(resume)
     if step is not None:
         older = f"step {resume.step}" if resume is not None else "the start"
         err.write(f"npu-launch: last words of step {step} did not reach node 0 before the "

@@ -170,26 +170,22 @@ class CheckpointLedger:
         holds that file (it saw it, or its agent sent it): the other hosts get it from there."""
         with self._lock:
             for step in self._newest_first():
-                replicas = self._usable(step)
-                if replicas is None:
+                replicas = self._replicas(step) if self._data_parallel else self._slices(step)
+                if step in self._standing and self._agents and not replicas:
                     continue
                 return ResumePoint(step, self._complete[step].to_json(),
                                    {r: rep.path for r, rep in self._steps[step].items()}, replicas)
             return None
 
-    def last_words_passed_over(self) -> Optional[int]:
-        """The newest complete step, when ``resume_point`` passes it over: its last words'
-        file did not reach node 0 (its upload did not end within ``--kill-timeout``, or
-        failed)."""
+    def last_words_passed_over(self, resume: Optional[ResumePoint]) -> Optional[int]:
+        """The newest complete step when ``resume`` (what ``resume_point`` gave) is not it:
+        last words ``resume_point`` passed over, their file not on node 0 (its upload did not
+        end within ``--kill-timeout``, or failed). Nothing is read again: the only steps it
+        passes over are those."""
         with self._lock:
             order = self._newest_first()
-            return order[0] if order and self._usable(order[0]) is None else None
-
-    def _usable(self, step: int) -> Optional[dict[int, str]]:
-        """The node-0 copies a restart from complete ``step`` gives hosts that lack their file;
-        None when it cannot resume from it (last words whose file node 0 lacks)."""
-        replicas = self._replicas(step) if self._data_parallel else self._slices(step)
-        return None if step in self._standing and self._agents and not replicas else replicas
+        chosen = resume.step if resume is not None else None
+        return order[0] if order and order[0] != chosen else None
 
     def _newest_first(self) -> list[int]:
         """Complete steps, newest first; when node 0 collects, the ones it holds every collected

@@ -34,6 +34,11 @@ def mindspore_only(config: LaunchConfig) -> tuple[str, ...]:
     return tuple(given)
 
 
+HOOK = "hook"
+"""A ``framework`` event's field, ``False`` on one npu-launch made for a rank found running
+MindSpore without the rank hook (``launcher.run.hookless``)."""
+
+
 class FrameworkNote:
     """Says once, when the first rank imports torch, which given options it will not apply;
     and once, when a rank was found running MindSpore without the rank hook
@@ -48,7 +53,7 @@ class FrameworkNote:
     def see(self, event: Event) -> None:
         if event.kind != contract.EVENT_FRAMEWORK:
             return
-        if event.record.get("hook") is False and not self._hookless_said:
+        if event.record.get(HOOK) is False and not self._hookless_said:
             self._hookless_said = True
             self._say(f"npu-launch: note: rank {event.rank} runs MindSpore without npu-launch's "
                       f"rank hook (its Python, {shown(event.record.get('python') or '?')}, ignored "

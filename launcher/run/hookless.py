@@ -18,6 +18,7 @@ from typing import Mapping, Optional
 
 import psutil
 
+from launcher.config import frameworks
 from parallel import contract
 from parallel.contract import Event
 
@@ -97,5 +98,5 @@ def said_for(rank: int, host: str, python: str, now: float) -> Event:
     """The ``framework`` event the rank hook would have sent, marked as npu-launch's
     (``hook: false``, with the Python found running MindSpore)."""
     record = {"event": contract.EVENT_FRAMEWORK, "rank": rank, "host": host,
-              "name": "mindspore", "hook": False, "python": python, "time": now}
+              "name": "mindspore", frameworks.HOOK: False, "python": python, "time": now}
     return Event.parse(record) or Event(contract.EVENT_FRAMEWORK, rank)

@@ -84,6 +84,7 @@ class LocalRanks:
         self._scheduler = next((s for s in self._specs if s.role is Role.SCHEDULER), None)
         """Not started yet: the scheduler this node runs once a rank needs it."""
         self._looks: Optional[hookless.Looks] = None
+        """When to look for ranks without the hook: until the scheduler starts."""
         self._hookless: set[int] = set()
         """Ranks found running MindSpore without the rank hook: they cannot be timed."""
 
@@ -112,14 +113,13 @@ class LocalRanks:
         """Start MindSpore's scheduler, once, if this node runs it."""
         if self._scheduler is None or self._group is None:
             return
-        spec, self._scheduler = self._scheduler, None
+        spec, self._scheduler, self._looks = self._scheduler, None, None
         self._group.start(spec, None)
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._exits += exits
         self._read_events()
-        if self._scheduler is not None and self._looks is not None \
-                and self._looks.due(time.time()):
+        if self._looks is not None and self._looks.due(time.time()):
             self._look_for_hookless(group)
         self._report_exits(exits)
         self._failures = [Failure.from_exit(e) for e in exits if not e.ok] + _reported(group)
@@ -245,7 +245,7 @@ class LocalRanks:
         imports MindSpore (``hookless``): the scheduler starts."""
         silent = {s.rank: group.pids[s.label] for s in group.running()
                   if s.rank is not None and not self._records[s.rank].frameworks}
-        for rank, python in hookless.with_mindspore(silent).items() if silent else ():
+        for rank, python in hookless.with_mindspore(silent).items():
             self._hookless.add(rank)
             self._fold(hookless.said_for(rank, self._by_rank[rank].host, python, time.time()))
             self._start_scheduler()

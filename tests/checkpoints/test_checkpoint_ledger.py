@@ -264,10 +264,10 @@ def test_last_words_whose_file_never_reached_node_0_are_passed_over(tmp_path: Pa
     remote.unlink()
     point = ledger.resume_point()
     assert point is not None and point.step == 10
-    assert ledger.last_words_passed_over() == 12, "the restart says so in one line"
+    assert ledger.last_words_passed_over(point) == 12, "the restart says so in one line"
     _collect(ledger, 1, 12, b"rank 1 after 12")
     point = ledger.resume_point()
-    assert point is not None and point.step == 12 and ledger.last_words_passed_over() is None
+    assert point is not None and point.step == 12 and ledger.last_words_passed_over(point) is None
 
 
 def test_the_ledger_says_whether_node_0_saw_every_hosts_files(tmp_path: Path) -> None:
