@@ -16,6 +16,8 @@
 * The framework functions behind both are wrapped by an import hook as their modules load
   (``_MODULE_HOOKS``, ``_TORCH_HOOKS``), so a script pays only for what it imports.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
+* Every thread's Python stack in the rank's log when a fault of its own (SIGSEGV, SIGABRT, ...)
+  kills it: no error report exists then, and the failure block shows the log's last lines.
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -53,6 +55,7 @@ def install() -> None:
     if contract.ERROR_FILE in os.environ:
         sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
         atexit.register(report_uncaught)
+        _print_stacks_on_a_fault()
     if contract.STACK_FILE in os.environ:
         _dump_stack_on_request(os.environ[contract.STACK_FILE])
     if contract.EVENTS_FILE in os.environ:
@@ -98,6 +101,18 @@ def _dump_stack_on_request(path: str) -> None:
 
 
 _stack_file = None
+
+
+def _print_stacks_on_a_fault() -> None:
+    """A rank killed by a fault of its own (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) first prints
+    its threads' Python stacks to its log: the failure block's log tail then says where it died
+    (a script's own ``faulthandler`` stays)."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError, RuntimeError):  # no stderr with a descriptor
+        pass
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -7,7 +7,7 @@ listens on MASTER_ADDR:MASTER_PORT, as torch's rank 0 does (npu-launch starts no
 scheduler for ranks that never import MindSpore); "init" is every rank connecting there, and each
 step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
 
---fail-rank R: rank R raises after init.  --hang-before-init R: rank R sleeps before init.
+--fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.  --hang-before-init R: rank R sleeps before init.
 --linger-after-raise S: the failing rank takes S seconds to exit after its exception is
 reported (MindSpore's finalisation takes about one): the report alone must end the job.
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
@@ -37,6 +37,7 @@ from parallel.events import emit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--segfault-rank", type=int, default=-1)
 parser.add_argument("--linger-after-raise", type=float, default=0)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
@@ -123,6 +124,10 @@ print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.fail_rank:
     atexit.register(time.sleep, args.linger_after_raise)  # runs after the report is written
     raise ValueError(f"boom on rank {rank}")
+if rank == args.segfault_rank:
+    import ctypes
+
+    ctypes.string_at(0)  # SIGSEGV, as a native library's fault would
 if not (args.sleep_in_first_run_only and os.environ.get("SLURM_RESTART_COUNT")):
     time.sleep(args.sleep_after_init)
 

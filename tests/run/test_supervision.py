@@ -111,6 +111,18 @@ def test_kill_9_of_a_rank_ends_the_job(weird_tmp: Path) -> None:
     assert_no_job_processes("kill-job", seen)
 
 
+def test_a_rank_killed_by_its_own_fault_shows_where_in_the_failure_block(weird_tmp: Path) -> None:
+    """A native fault leaves no error report: the rank hook's faulthandler prints the Python line
+    the rank died on into its log, and the failure block's log tail shows it."""
+    proc = _launch(weird_tmp, "segv-job", "--segfault-rank", "1", "--sleep-after-init", "3600")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGSEGV, err
+    assert "rank 1 on" in err and "killed by SIGSEGV" in err, err
+    assert "    | Fatal Python error: Segmentation fault" in err, err
+    assert f'    |   File "{JOB}", line ' in err and " in <module>" in err, err
+    assert_no_job_processes("segv-job")
+
+
 def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
                    extra=("--startup-timeout", "8"))
