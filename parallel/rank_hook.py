@@ -18,6 +18,7 @@
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * Every thread's Python stack in the rank's log when a fault of its own (SIGSEGV, SIGABRT, ...)
   kills it: no error report exists then, and the failure block shows the log's last lines.
+* A save on preemption for ``Model.train`` with a ``ModelCheckpoint`` (``parallel.model_train``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -43,7 +44,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, Sequence, Type
 
-from parallel import contract, events, progress
+from parallel import contract, events, model_train, progress
 
 _PR_SET_PDEATHSIG = 1
 
@@ -279,7 +280,12 @@ def _patch_saves(module: Any) -> None:
     module.save_checkpoint = progress.in_section(contract.SECTION_SAVE, module.save_checkpoint)
 
 
+def _patch_model_train(module: Any) -> None:
+    module.Model.train = model_train.stopping_train(module.Model.train)
+
+
 def _patch_model(module: Any) -> None:
+    _patch_model_train(module)
     module.Model.eval = progress.in_section(contract.SECTION_EVAL, module.Model.eval)
 
 
@@ -323,6 +329,7 @@ def _patch_graph_api(module: Any) -> None:
 _INIT_HOOK: dict[str, Callable[[Any], None]] = {
     "mindspore.communication.management": _patch_comm,
     "mindspore.graph.api": _patch_graph_api,
+    "mindspore.train.model": _patch_model_train,
 }
 _MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
     **_INIT_HOOK,

@@ -127,3 +127,50 @@ def test_a_rank_signalled_itself_waits_for_the_launchers_word(
         assert proc.returncode == -signal.SIGTERM and out == "", (proc.returncode, out)
     else:
         assert proc.returncode == 0 and out == "went on\n", (proc.returncode, out)
+
+
+def _params(log: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^params (\d+) (\w+)$", log, re.M)}
+
+
+@pytest.mark.mindspore
+def test_sigterm_to_a_model_train_script_saves_through_its_own_model_checkpoint(
+        weird_tmp: Path) -> None:
+    """A plain ``Model.train`` script with a ``ModelCheckpoint`` that saves only at the end: SIGTERM
+    to npu-launch and to every rank makes each rank's ``ModelCheckpoint`` save the same step,
+    under its own name for that step, holding the parameters and optimizer moments the rank had
+    after it; the same command run again (the script loads its newest checkpoint) starts from
+    exactly those."""
+    logs, ckpt = weird_tmp / "logs", weird_tmp / "ckpt"
+    argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "mt-preempted",
+            "--log-dir", str(logs), str(REPO / "tests" / "rank_scripts" / "model_train_ckpt.py"),
+            str(ckpt), "--steps", "60", "--step-time", "0.2")
+    proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        rank_log = logs / "rank_0.log"
+        wait_for(lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8, "step 8",
+                 timeout=300)
+        proc.send_signal(signal.SIGTERM)
+        for pid in _rank_pids(logs):
+            os.kill(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
+    assert asked, err[-3000:]
+    step = int(asked.group(1))
+    first = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
+    for rank, log in enumerate(first):
+        assert f"npu-launch: rank {rank} saved step {step} (" in log, log[-2000:]
+        assert sorted(p.name for p in (ckpt / f"rank_{rank}").glob("*.ckpt")) == [f"net-1_{step}.ckpt"]
+        assert max(_params(log)) == step, "no step after the one saved"
+    assert_no_job_processes("mt-preempted")
+
+    again = run_launcher(*argv[:-2], timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for rank in (0, 1):
+        log = (logs / f"rank_{rank}.log").read_text()
+        assert f"resumed net-1_{step}.ckpt {_params(first[rank])[step]}\n" in log, log[-2000:]
+        assert f"rank {rank} trained to step 60" in log

@@ -1,0 +1,111 @@
+"""A save on preemption for scripts that train with MindSpore's ``Model.train`` and save with its
+``ModelCheckpoint``, without a line of them changed (the rank hook wraps ``Model.train``).
+
+While such a ``train`` runs, a callback after the script's own reports each step (a ``step``
+event when the first step ends, then at most twice a second; ``saves_on_stop``: npu-launch may
+ask this rank to save) and looks once a step for npu-launch's stop request
+(``contract.STOP_REQUEST_FILE``). At the step named there, or past it, every ``ModelCheckpoint``
+of the call saves the step through its own ``end``: in its directory, under the name its
+periodic saves take (``PREFIX-EPOCH_STEP.ckpt``), with what they hold; then the rank exits 0.
+A rank signalled itself (Slurm signals every process of a job step) waits for that word as the
+shared trainer's do (``parallel.preemption``).
+
+A ``train`` with no ``ModelCheckpoint`` runs as it is: the script would not resume from anything
+saved elsewhere, so npu-launch stops it at once. Resuming is the script's own: it loads its newest
+checkpoint as after any stop.
+
+Nothing here imports MindSpore: ``Model.train``'s module has loaded it when this runs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from parallel import contract, events, preemption
+
+REPORT_EVERY = 0.5
+"""Seconds between two ``step`` events at most (the first step's is sent at once)."""
+
+
+def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``Model.train``, with the stop callback added when the call saves with ``ModelCheckpoint``
+    and runs under npu-launch."""
+    import inspect  # not at the rank's boot: the hook loads this module in every rank
+
+    signature = inspect.signature(real)
+
+    def train(*args: Any, **kwargs: Any) -> Any:
+        path = preemption.stop_file()
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:  # MindSpore's own message, unchanged
+            return real(*args, **kwargs)
+        given = bound.arguments.get("callbacks")
+        listed = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
+        savers = _checkpointers(listed)
+        if not path or not savers:
+            return real(*args, **kwargs)
+        bound.arguments["callbacks"] = [*listed, _stop_callback(path, savers)]
+        with preemption.deferred_sigterm(path):
+            return real(*bound.args, **bound.kwargs)
+    return functools.update_wrapper(train, real)
+
+
+def _checkpointers(callbacks: list[Any]) -> list[Any]:
+    from mindspore.train.callback import ModelCheckpoint
+
+    return [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+
+
+def _stop_callback(path: str, savers: list[Any]) -> Any:
+    """The callback, a subclass of MindSpore's ``Callback`` made when one is needed."""
+    from mindspore.train.callback import Callback
+
+    class StopAndSave(Callback):
+        """Reports steps and saves the step npu-launch asks for (module docstring)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.reported = 0.0
+            self.stop: Optional[int] = None
+
+        def on_train_step_end(self, run_context: Any) -> None:
+            params = run_context.original_args()
+            step = int(params.cur_step_num)
+            self._report(params, step)
+            stop = self._stop_step()
+            if stop is None or step < stop:
+                return
+            for saver in savers:
+                saver.end(run_context)  # forced; a no-op when a periodic save just took this step
+            names = ", ".join(str(saver.latest_ckpt_file_name) for saver in savers)
+            rank = contract.RankIdentity.from_environ(os.environ).rank
+            print(f"npu-launch: rank {rank} saved step {step} ({names}) and stops, as asked",
+                  flush=True)
+            sys.stderr.flush()
+            # Every rank stops at this step: MindSpore's exit handlers would wait on the
+            # cluster's finalisation, which --kill-timeout does not allow for.
+            os._exit(0)
+
+        def _report(self, params: Any, step: int) -> None:
+            now = time.monotonic()
+            first = not self.reported
+            if not first and now - self.reported < REPORT_EVERY:
+                return
+            self.reported = now
+            said = {"log_every": 1, "saves_on_stop": True} if first else {}
+            events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num), **said)
+
+        def _stop_step(self) -> Optional[int]:
+            """The step npu-launch asked every rank to save and stop at (one ``stat`` a step until
+            its file exists)."""
+            if self.stop is None and os.path.exists(path):
+                word = preemption.read_word(path)
+                if word is not None and word.isdigit():  # else being written, or no save: not now
+                    self.stop = int(word)
+            return self.stop
+
+    return StopAndSave()
