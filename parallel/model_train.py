@@ -1,5 +1,5 @@
-"""A save on preemption for scripts that train with MindSpore's ``Model.train`` and save with its
-``ModelCheckpoint``, without a line of them changed (the rank hook wraps ``Model.train``).
+"""A save on preemption for scripts that train with MindSpore's ``Model.train`` (or ``fit``) and
+save with its ``ModelCheckpoint``, without a line of them changed (the rank hook wraps both).
 
 While such a ``train`` runs, a callback after the script's own reports each step (a ``step``
 event when the first step ends, then at most twice a second; ``saves_on_stop``: npu-launch may
@@ -31,7 +31,7 @@ REPORT_EVERY = 0.5
 
 
 def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
-    """``Model.train``, with the stop callback added when the call saves with ``ModelCheckpoint``
+    """``Model.train`` (or ``fit``), with the stop callback added when the call saves with ``ModelCheckpoint``
     and runs under npu-launch."""
     import inspect  # not at the rank's boot: the hook loads this module in every rank
 

@@ -18,7 +18,7 @@
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * Every thread's Python stack in the rank's log when a fault of its own (SIGSEGV, SIGABRT, ...)
   kills it: no error report exists then, and the failure block shows the log's last lines.
-* A save on preemption for ``Model.train`` with a ``ModelCheckpoint`` (``parallel.model_train``).
+* A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint`` (``parallel.model_train``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -282,6 +282,7 @@ def _patch_saves(module: Any) -> None:
 
 def _patch_model_train(module: Any) -> None:
     module.Model.train = model_train.stopping_train(module.Model.train)
+    module.Model.fit = model_train.stopping_train(module.Model.fit)
 
 
 def _patch_model(module: Any) -> None:

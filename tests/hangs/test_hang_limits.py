@@ -63,28 +63,45 @@ def test_one_rank_saving_or_evaluating_long_after_a_slow_compile_is_no_hang(
 
 
 @pytest.mark.mindspore
-def test_the_rank_hook_wraps_mindsporess_saves_and_evaluations(tmp_path: Path) -> None:
+def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Path) -> None:
     """With the hook installed (as in every rank), ``save_checkpoint`` (also as the checkpoint
     callback and ``mindspore`` bind it) and ``Model.eval`` are sections; a real save shows as
-    one in the rank's progress events."""
-    events = tmp_path / "events.jsonl"
+    one in the rank's progress events. Then ``Model.fit`` with a ``ModelCheckpoint`` (``train``'s
+    save on a stop is ``ranks/test_preemption.py``'s, over two ranks) reports its steps and, with
+    npu-launch's word for step 3 already there, saves that step through the ``ModelCheckpoint``
+    and exits 0."""
+    events, ckpt = tmp_path / "events.jsonl", tmp_path / "ckpt"
+    (tmp_path / "stop_request").write_text("3\n")
     code = (
-        "import time, mindspore as ms\n"
+        "import time, mindspore as ms, numpy as np\n"
         "from mindspore import nn\n"
-        "from mindspore.train.callback import _checkpoint\n"
+        "from mindspore.train.callback import _checkpoint, CheckpointConfig, ModelCheckpoint\n"
         "from parallel import progress\n"
-        "for f in (ms.save_checkpoint, _checkpoint.save_checkpoint, ms.train.Model.eval):\n"
-        "    assert f.__name__ in ('save_checkpoint', 'eval') and hasattr(f, '__wrapped__'), f\n"
+        "for f in (ms.save_checkpoint, _checkpoint.save_checkpoint, ms.train.Model.eval,\n"
+        "          ms.train.Model.train, ms.train.Model.fit):\n"
+        "    assert f.__name__ in ('save_checkpoint', 'eval', 'train', 'fit') and hasattr(f, '__wrapped__'), f\n"
         f"ms.save_checkpoint(nn.Dense(2, 2), {str(tmp_path / 'c.ckpt')!r})\n"
         "assert progress.snapshot()[3:] == ('', 1), progress.snapshot()\n"
-        "time.sleep(0.7)\n")
+        "time.sleep(0.7)\n"
+        "net = nn.Dense(2, 2)\n"
+        "model = ms.Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9))\n"
+        "x = np.ones((40, 2), np.float32)\n"
+        "data = ms.dataset.NumpySlicesDataset((x, x), ['x', 'y'], shuffle=False).batch(4)\n"
+        f"saves = ModelCheckpoint('net', {str(ckpt)!r}, CheckpointConfig(save_checkpoint_steps=100))\n"
+        "model.fit(1, data, callbacks=[saves])\n"
+        "print('fit went on past the stop')\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'parallel' / '_boot'}{os.pathsep}{REPO}",
-           "NPU_LAUNCH_EVENTS_FILE": str(events), "NPU_LAUNCH_PROGRESS": "1"}
+           "NPU_LAUNCH_EVENTS_FILE": str(events), "NPU_LAUNCH_PROGRESS": "1",
+           "NPU_LAUNCH_LOG_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert any(r["event"] == "progress" and r.get("sections") == 1 for r in records), records
+    assert "saved step 3 (" in done.stdout and "went on" not in done.stdout, done.stdout[-2000:]
+    assert sorted(p.name for p in ckpt.glob("*.ckpt")) == ["net-1_3.ckpt"]
+    steps = [r for r in records if r["event"] == "step"]
+    assert steps[0]["step"] == 1 and steps[0]["saves_on_stop"] is True, steps
 
 
 def test_a_deterministic_failure_stops_after_two_attempts_with_its_own_exit_code(
