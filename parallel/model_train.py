@@ -55,8 +55,11 @@ def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _checkpointers(callbacks: list[Any]) -> list[Any]:
-    from mindspore.train.callback import ModelCheckpoint
-
+    """The ``ModelCheckpoint``s among ``callbacks`` (none in a MindSpore that has no such class)."""
+    try:
+        from mindspore.train.callback import ModelCheckpoint
+    except ImportError:
+        return []
     return [c for c in callbacks if isinstance(c, ModelCheckpoint)]
 
 
