@@ -97,8 +97,8 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
         result = run_with_restarts(job, config, environ, console,
                                    Attempts(monitor, ledger, hangs,
                                             FrameworkNote(mindspore_only(config), err)), err)
-        for note in (monitor.attempts_note(config.max_restarts), monitor.phases_note(),
-                     monitor.checkpoint_note()):
+        for note in (monitor.teardown_note(), monitor.attempts_note(config.max_restarts),
+                     monitor.phases_note(), monitor.checkpoint_note()):
             if note is not None:
                 result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
         return result

@@ -204,6 +204,9 @@ EVENT_DATA = "data"
 ``global_batch`` (every rank's together) and ``planned_world`` (see ``PLANNED_WORLD``)."""
 EVENT_FINISHED = "finished"
 """The end of ``fit``; ``exec_mode`` is the mode the train step ran in."""
+EVENT_EXITING = "exiting"
+"""Sent by the rank hook once, as the exit handlers begin (before MindSpore's own): ``clean``,
+no exception escaped the script and it asked ``sys.exit`` for no code but 0."""
 EVENT_FIRST_STEP = "first-step"
 """Sent once by the rank hook when the main thread's first top-level Cell call returns: the end
 of the first step (graph compilation), for the start-up breakdown (``launcher.observe.startup``)."""

@@ -16,8 +16,8 @@
 * The framework functions behind both are wrapped by an import hook as their modules load
   (``_MODULE_HOOKS``, ``_TORCH_HOOKS``), so a script pays only for what it imports.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
-* Every thread's Python stack in the rank's log when a fault of its own (SIGSEGV, SIGABRT, ...)
-  kills it: no error report exists then, and the failure block shows the log's last lines.
+* Every thread's Python stack in the rank's log when a fault of its own kills it, and an
+  ``exiting`` event as the exit handlers begin (``parallel.ending``).
 * A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint`` (``parallel.model_train``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
@@ -44,7 +44,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, Sequence, Type
 
-from parallel import contract, events, model_train, progress
+from parallel import contract, ending, events, model_train, progress
 
 _PR_SET_PDEATHSIG = 1
 
@@ -56,7 +56,7 @@ def install() -> None:
     if contract.ERROR_FILE in os.environ:
         sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
         atexit.register(report_uncaught)
-        _print_stacks_on_a_fault()
+        ending.install(contract.EVENTS_FILE in os.environ)
     if contract.STACK_FILE in os.environ:
         _dump_stack_on_request(os.environ[contract.STACK_FILE])
     if contract.EVENTS_FILE in os.environ:
@@ -102,18 +102,6 @@ def _dump_stack_on_request(path: str) -> None:
 
 
 _stack_file = None
-
-
-def _print_stacks_on_a_fault() -> None:
-    """A rank killed by a fault of its own (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) first prints
-    its threads' Python stacks to its log: the failure block's log tail then says where it died
-    (a script's own ``faulthandler`` stays)."""
-    if faulthandler.is_enabled():
-        return
-    try:
-        faulthandler.enable(file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, OSError, RuntimeError):  # no stderr with a descriptor
-        pass
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -363,6 +351,7 @@ def _reporting_init(real_init: Callable[..., Any], exec_mode: bool = True) -> Ca
         result = real_init(*args, **kwargs)
         if contract.ERROR_FILE in os.environ:
             atexit.register(report_uncaught)  # again: before MindSpore's own exit handlers
+        ending.again_after_init()
         events.emit(contract.EVENT_INITIALISED, **({"exec_mode": _exec_mode()} if exec_mode else {}))
         return result
     return functools.update_wrapper(init, real_init)

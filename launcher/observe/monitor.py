@@ -180,6 +180,19 @@ class JobMonitor:
         return (f"npu-launch: checkpoints were written (step {shown}) but no step by every rank: "
                 "none is complete to resume from")
 
+    def teardown_note(self) -> Optional[str]:
+        """A line for ranks of this attempt that died of a fault in their exit handlers after a
+        clean end of their script (``RankRecord.teardown_crash``): not failures; else None."""
+        with self._lock:
+            crashes = [(rank, state.host, name) for rank, state in sorted(self._state.ranks.items())
+                       if (name := state.progress.teardown_crash(state.progress.exit_code))]
+        if not crashes:
+            return None
+        said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)
+        return (f"npu-launch: counted as exited 0: {said}: died in its exit handlers after its "
+                "script ended cleanly (a fault in the framework's teardown; the stacks are at "
+                "the end of its log)")
+
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.HangCheck``)."""
         with self._lock:

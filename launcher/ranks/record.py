@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import signal
 from typing import Callable, Optional
 
 from parallel import contract
 from parallel.contract import Event
 
 PHASES = ("process", "imports", "init", "first_step", "training", "exit")
+FAULTS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
+"""The signals of a process's own fault: a rank killed by one after a clean end of its script
+died in its exit handlers (``RankRecord.teardown_crash``)."""
 """A rank's life in six phases, each from one mark to the next (``RankRecord.phases``)."""
 
 
@@ -47,8 +51,9 @@ class RankRecord:
 
     What the rank said: ``main_thread``, ``frameworks`` (``framework`` events' names),
     ``calling_init`` (``init-started``), ``initialised``, ``step`` (the last trainer step),
-    ``saves_on_stop`` (said in a fit's first step), ``finished``; and its supervisor:
-    ``exited`` with ``exit_code``.
+    ``saves_on_stop`` (said in a fit's first step), ``finished``, ``ended_cleanly`` (its exit
+    handlers began after a clean end of the script: ``exiting``); and its supervisor: ``exited``
+    with ``exit_code`` (a signal's negative, as Popen reports it).
 
     Marks, on the rank's clock (seconds since the epoch): ``spawned`` (the kernel's start of the
     process), ``started_time``, ``init_started_time``, ``initialised_time``, ``first_step_time``,
@@ -67,6 +72,7 @@ class RankRecord:
     step: Optional[int] = None
     saves_on_stop: Optional[bool] = None
     finished: bool = False
+    ended_cleanly: Optional[bool] = None
     exited: bool = False
     exit_code: Optional[int] = None
 
@@ -106,6 +112,15 @@ class RankRecord:
         fold = _FOLDS.get(event.kind)
         if fold is not None:
             fold(self, event, event.time if now is None else now)
+
+    def teardown_crash(self, returncode: Optional[int]) -> Optional[str]:
+        """The fault signal's name when ``returncode`` (Popen's) says the rank died of one after
+        its script ended cleanly: in its exit handlers (MindSpore's teardown races its own
+        threads), its work done. None otherwise."""
+        if not self.ended_cleanly or returncode is None or returncode >= 0 \
+                or -returncode not in FAULTS:
+            return None
+        return signal.Signals(-returncode).name
 
     def phases(self) -> dict[str, Optional[float]]:
         """Seconds per phase (``PHASES``); None where a mark is missing. Training ends at the
@@ -221,6 +236,10 @@ def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.count = max(r.count, event.count or 0)
 
 
+def _exiting(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    r.ended_cleanly = event.record.get("clean") is True
+
+
 def _exited(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.exited, r.exit_code = True, event.returncode
     r.exited_time = event.time
@@ -239,6 +258,7 @@ _FOLDS: dict[str, Callable[[RankRecord, Event, Optional[float]], None]] = {
     contract.EVENT_STEP: _step,
     contract.EVENT_FINISHED: _finished,
     contract.EVENT_PROGRESS: _progress,
+    contract.EVENT_EXITING: _exiting,
     contract.EVENT_EXITED: _exited,
 }
 """How each kind of event folds in; the others say nothing of a rank's progress or marks."""

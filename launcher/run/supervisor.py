@@ -122,7 +122,7 @@ class LocalRanks:
         if self._looks is not None and self._looks.due(time.time()):
             self._look_for_hookless(group)
         self._report_exits(exits)
-        self._failures = [Failure.from_exit(e) for e in exits if not e.ok] + _reported(group)
+        self._failures = [Failure.from_exit(e) for e in exits if self._failed(e)] + _reported(group)
         if self._failures:
             return Outcome.FAILED
         if self._stalls is not None:
@@ -182,7 +182,7 @@ class LocalRanks:
         report, else its exit), as ``conclude`` reports it; None when none did. An agent that
         node 0 told to stop a moment after one of its ranks failed, before its own loop saw it,
         reports that failure, not the stop: node 0 compares every node's earliest."""
-        seen = [Failure.from_exit(e) for e in self._exits if not e.ok] + self._failures
+        seen = [Failure.from_exit(e) for e in self._exits if self._failed(e)] + self._failures
         early = [f for f in seen if f.time < at]
         if not early:
             return None
@@ -249,6 +249,13 @@ class LocalRanks:
             self._hookless.add(rank)
             self._fold(hookless.said_for(rank, self._by_rank[rank].host, python, time.time()))
             self._start_scheduler()
+
+    def _failed(self, exit_: Exit) -> bool:
+        """Whether an exit fails the job: not 0, and not a crash in the exit handlers of a rank
+        whose script had ended cleanly (node 0's monitor says so in a line of its own)."""
+        rank = exit_.spec.rank
+        return not exit_.ok and (rank is None or rank not in self._records
+                                 or self._records[rank].teardown_crash(exit_.returncode) is None)
 
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
         return sorted((s for s in group.running() if s.rank is not None

@@ -7,7 +7,9 @@ listens on MASTER_ADDR:MASTER_PORT, as torch's rank 0 does (npu-launch starts no
 scheduler for ranks that never import MindSpore); "init" is every rank connecting there, and each
 step an all-reduce of one number through rank 0, so a rank that stops stops the others too.
 
---fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.  --hang-before-init R: rank R sleeps before init.
+--fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.
+--segfault-at-exit R: rank R reads address 0 as the interpreter tears down, after its exit
+handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.  --hang-before-init R: rank R sleeps before init.
 --linger-after-raise S: the failing rank takes S seconds to exit after its exception is
 reported (MindSpore's finalisation takes about one): the report alone must end the job.
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
@@ -31,6 +33,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import time
 
 from parallel.events import emit
@@ -38,6 +41,8 @@ from parallel.events import emit
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--segfault-rank", type=int, default=-1)
+parser.add_argument("--segfault-at-exit", type=int, default=-1)
+parser.add_argument("--exit-code", type=int, default=None)
 parser.add_argument("--linger-after-raise", type=float, default=0)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
@@ -159,3 +164,13 @@ for step in range(args.steps):
     if rank in failing:
         raise RuntimeError(f"rank {rank} fails in attempt {attempt}")
 print(f"checksum {weight:.10f}", flush=True)
+if rank == args.segfault_at_exit:
+    import ctypes
+
+    class Teardown:
+        def __del__(self):
+            ctypes.string_at(0)
+
+    at_exit = Teardown()  # a module global: deleted as the interpreter clears the modules
+    if args.exit_code is not None:
+        sys.exit(args.exit_code)

@@ -2,7 +2,9 @@
 must end with bit-identical trainable parameters on every rank."""
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,4 +47,26 @@ def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp):
     assert len({r["initial_parameters"] for r in ranks}) == 1, "the common seed must give one init"
     assert len({r["parameters"] for r in ranks}) == 1, "trainable parameters differ between ranks"
     assert ranks[0]["parameters"] != ranks[0]["initial_parameters"]
+    _assert_exiting_said_before_mindsporess_exit_handler(weird_tmp / "logs", cards)
     assert_no_job_processes(job)
+
+
+def _assert_exiting_said_before_mindsporess_exit_handler(logs: Path, cards: int) -> None:
+    """Each rank said ``exiting`` (clean) before MindSpore's own exit handler unregistered it
+    from the scheduler: a fault in that handler (seen in CI) comes after the word that the
+    script ended cleanly. MindSpore stamps its log lines in local time."""
+    said = {}
+    for rank in range(cards):
+        records = [json.loads(line) for line in (logs / "events" / f"rank_{rank}.jsonl")
+                   .read_text().splitlines() if '"exiting"' in line]
+        assert [r["clean"] for r in records] == [True], records
+        said[rank] = records[0]["time"]
+    unregistered = {}
+    for line in (logs / "scheduler.log").read_text().splitlines():
+        found = re.search(r":(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d)\.(\d{3})\.(\d{3}) .*Node (\d+) has "
+                          r"unregistered", line)
+        if found:
+            stamp = datetime.datetime.strptime(found.group(1), "%Y-%m-%d-%H:%M:%S").timestamp()
+            unregistered[int(found.group(4))] = stamp + int(found.group(2) + found.group(3)) / 1e6
+    assert unregistered.keys() == said.keys(), unregistered
+    assert all(said[rank] < unregistered[rank] for rank in said), (said, unregistered)

@@ -266,3 +266,13 @@ def test_an_agent_stopped_just_after_its_rank_failed_reports_the_failure(tmp_pat
     result = ranks.failed_before(11.0)
     assert result is not None and result.outcome is Outcome.FAILED and result.exit_code == 1
     assert result.cause is not None and (result.cause.rank, result.cause.time) == (0, 10.0)
+
+
+def test_only_a_fault_after_a_clean_end_is_a_crash_in_the_teardown() -> None:
+    record = RankRecord()
+    assert record.teardown_crash(-11) is None, "no exiting event: the script may not have ended"
+    record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": False}))
+    assert record.teardown_crash(-11) is None, "an exception or sys.exit(3) came first"
+    record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": True}))
+    assert [record.teardown_crash(code) for code in (-11, -6, -7, -9, -15, 0, 1, 139, None)] == [
+        "SIGSEGV", "SIGABRT", "SIGBUS", None, None, None, None, None, None]

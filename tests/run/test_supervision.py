@@ -123,6 +123,30 @@ def test_a_rank_killed_by_its_own_fault_shows_where_in_the_failure_block(weird_t
     assert_no_job_processes("segv-job")
 
 
+@pytest.mark.parametrize("exit_code", [None, 3])
+def test_a_crash_after_a_clean_end_counts_as_finished_and_says_so(weird_tmp: Path,
+                                                                  exit_code) -> None:
+    """Rank 1 faults in the interpreter's teardown, after its exit handlers, as MindSpore's own
+    exit handler sometimes does: after a clean end the job succeeds and one line names the
+    rank and the signal; after ``sys.exit(3)`` the crash is the failure it always was."""
+    job = f"teardown-{exit_code}"
+    proc = _launch(weird_tmp, job, "--segfault-at-exit", "1",
+                   *(("--exit-code", str(exit_code)) if exit_code is not None else ()))
+    out, err = proc.communicate(timeout=120)
+    assert len(set(checksums(out).values())) == 1, out
+    log = (weird_tmp / "logs" / "rank_1.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
+    if exit_code is None:
+        assert proc.returncode == 0, err
+        assert (f"npu-launch: counted as exited 0: rank 1 on {socket.gethostname()} (SIGSEGV): "
+                "died in its exit handlers after its script ended cleanly") in err, err
+        assert _root_cause(weird_tmp) is None
+    else:
+        assert proc.returncode == 128 + signal.SIGSEGV, err
+        assert "rank 1 on" in err and "killed by SIGSEGV" in err and "counted as" not in err, err
+    assert_no_job_processes(job)
+
+
 def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
                    extra=("--startup-timeout", "8"))
