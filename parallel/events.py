@@ -18,13 +18,21 @@ _path: Optional[str] = None
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Append ``{"event", "rank", "host", "pid", "time", **fields}`` to this rank's events file."""
+    """Append ``{"event", "rank", "host", "pid", "time", **fields}`` to this rank's events file
+    (nothing from a process the rank forked: ``in_the_rank``)."""
     fd = _events_fd()
-    if fd is None:
+    if fd is None or not in_the_rank():
         return
     record = {"event": event, "rank": _rank(), "host": _host(), "pid": os.getpid(),
               "time": time.time(), **fields}
     os.write(fd, (json.dumps(record, default=str) + "\n").encode())
+
+
+def in_the_rank() -> bool:
+    """Whether this process is the rank npu-launch started (or what it exec'd into), not one the
+    rank started or forked (``contract.RANK_PID``, set by the rank hook)."""
+    pid = os.environ.get(contract.RANK_PID)
+    return pid is None or pid == str(os.getpid())
 
 
 def _events_fd() -> Optional[int]:

@@ -50,7 +50,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def install() -> None:
-    """Install every hook whose variable the launcher set; a no-op outside npu-launch."""
+    """Install every hook whose variable the launcher set; a no-op outside npu-launch, and in
+    the processes a rank starts (a subprocess, a multiprocessing worker: not ranks)."""
+    if not events.in_the_rank():
+        return
+    if contract.EVENTS_FILE in os.environ or contract.ERROR_FILE in os.environ:
+        os.environ[contract.RANK_PID] = str(os.getpid())
     if contract.PARENT_PID in os.environ:
         _die_with_parent(int(os.environ[contract.PARENT_PID]))
     if contract.ERROR_FILE in os.environ:
@@ -160,7 +165,10 @@ def _keeping_excepthook(real: Callable[..., Any]) -> Callable[..., Any]:
 
 def write_error_report(path: str, exc_type: Type[BaseException], exc: BaseException,
                        tb: Optional[TracebackType]) -> None:
-    """Write the report atomically, so the launcher never reads half of one."""
+    """Write the report atomically, so the launcher never reads half of one (not from a process
+    the rank forked: its exception is not the rank's)."""
+    if not events.in_the_rank():
+        return
     identity = contract.RankIdentity.from_environ(os.environ)
     report = {
         "rank": identity.rank,

@@ -62,7 +62,7 @@ class ProcessGroup:
         agent takes the pipe's end (``close``, or this launcher dying) as the order to stop.
         The pipe is written from a thread of its own (``StdinFeed``): this returns at once.
         """
-        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        env = self._env(spec)
         read_end, write_end = os.pipe()
         stdin_read, stdin_write = os.pipe() if stdin_data is not None else (None, None)
         try:
@@ -90,11 +90,17 @@ class ProcessGroup:
 
     def start_foreground(self, spec: ProcessSpec) -> int:
         """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
-        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
-        proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir)
+        proc = subprocess.Popen(list(spec.command), env=self._env(spec), cwd=self._workdir)
         self._running[spec.label] = (spec, proc)
         self.pids[spec.label] = proc.pid
         return proc.pid
+
+    def _env(self, spec: ProcessSpec) -> dict[str, str]:
+        """``spec``'s environment: this launcher as its parent, and no rank's pid inherited (a
+        launcher started inside a rank would otherwise leave its own ranks unhooked)."""
+        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
+        env.pop(contract.RANK_PID, None)
+        return env
 
     def send(self, data: bytes) -> None:
         """Write ``data`` to every running process started with a stdin pipe (the node agents),

@@ -147,6 +147,25 @@ def test_a_crash_after_a_clean_end_counts_as_finished_and_says_so(weird_tmp: Pat
     assert_no_job_processes(job)
 
 
+def test_the_processes_a_rank_starts_run_unhooked_and_are_not_the_rank(weird_tmp: Path) -> None:
+    """A rank's Python subprocess, its spawn pool (and the pool's resource tracker) run: before,
+    the rank hook in them took the rank for their parent, found it was not npu-launch, and
+    killed them at start (exit 137; the pool hung). A forked child's uncaught exception is not
+    reported as the rank's, and none of them sends the rank's events."""
+    logs = weird_tmp / "logs"
+    result = run_launcher("--device", "cpu", "--cards", "1", "--job-id", "children", "--log-dir",
+                          str(logs), str(RANK_SCRIPTS / "children.py"), timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "subprocess exit 0: subprocess ran" in result.stdout
+    assert "spawn pool [2, 4, 6]" in result.stdout
+    assert "forked child exit 1" in result.stdout
+    records = [json.loads(line) for line in (logs / "events" / "rank_0.jsonl").read_text().splitlines()]
+    assert len({r["pid"] for r in records}) == 1, {r["pid"] for r in records}
+    assert [r["event"] for r in records if r["event"] in ("started", "exiting")] == ["started", "exiting"]
+    assert not (logs / "errors" / "rank_0.json").exists()
+    assert_no_job_processes("children")
+
+
 def test_rank_hung_before_init_is_named(weird_tmp: Path) -> None:
     proc = _launch(weird_tmp, "hang-job", "--hang-before-init", "1",
                    extra=("--startup-timeout", "8"))
