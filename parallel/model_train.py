@@ -31,8 +31,8 @@ REPORT_EVERY = 0.5
 
 
 def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
-    """``Model.train`` (or ``fit``), with the stop callback added when the call saves with ``ModelCheckpoint``
-    and runs under npu-launch."""
+    """``Model.train`` (or ``fit``), with the stop callback added when the call saves with a
+    ``ModelCheckpoint`` and runs under npu-launch."""
     import inspect  # not at the rank's boot: the hook loads this module in every rank
 
     signature = inspect.signature(real)

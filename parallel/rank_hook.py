@@ -18,7 +18,8 @@
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * Every thread's Python stack in the rank's log when a fault of its own kills it, and an
   ``exiting`` event as the exit handlers begin (``parallel.ending``).
-* A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint`` (``parallel.model_train``).
+* A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint``
+  (``parallel.model_train``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 

@@ -36,10 +36,10 @@ from parallel import contract
 from parallel.contract import Event
 
 PHASES = ("process", "imports", "init", "first_step", "training", "exit")
+"""A rank's life in six phases, each from one mark to the next (``RankRecord.phases``)."""
 FAULTS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
 """The signals of a process's own fault: a rank killed by one after a clean end of its script
 died in its exit handlers (``RankRecord.teardown_crash``)."""
-"""A rank's life in six phases, each from one mark to the next (``RankRecord.phases``)."""
 
 
 _DAY = 86400.0

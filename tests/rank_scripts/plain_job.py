@@ -9,7 +9,8 @@ step an all-reduce of one number through rank 0, so a rank that stops stops the 
 
 --fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.
 --segfault-at-exit R: rank R reads address 0 as the interpreter tears down, after its exit
-handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.  --hang-before-init R: rank R sleeps before init.
+handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.
+--hang-before-init R: rank R sleeps before init.
 --linger-after-raise S: the failing rank takes S seconds to exit after its exception is
 reported (MindSpore's finalisation takes about one): the report alone must end the job.
 --sleep-after-init S: every rank sleeps S seconds after init (a job to interrupt); only in a
