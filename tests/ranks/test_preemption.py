@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from helpers import REPO, assert_no_job_processes, npu_launch_argv, run_launcher, wait_for
@@ -49,22 +50,14 @@ def test_sigterm_saves_a_step_every_rank_completed_and_the_same_command_resumes(
     logs = weird_tmp / "logs"
     argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "preempted",
             "--log-dir", str(logs), MAIN, "--epochs", "3")  # a checkpoint only at the end
-    proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _last_step(logs) >= 30, "step 30", timeout=300)
-        at_signal = _last_step(logs)
-        proc.send_signal(signal.SIGTERM)
-        for pid in _rank_pids(logs):
-            os.kill(pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
-    assert asked, err[-3000:]
-    saved = int(asked.group(1))
-    assert saved > at_signal, (saved, at_signal)
+    at_signal = [-1]  # the newest step seen as the signal goes out
+
+    def thirty_steps() -> bool:
+        at_signal[0] = _last_step(logs)
+        return at_signal[0] >= 30
+
+    saved = _preempted(argv, logs, thirty_steps)
+    assert saved > at_signal[0], (saved, at_signal[0])
     assert (logs / "checkpoints" / f"step_{saved}" / "manifest.json").exists(), \
         sorted(p.name for p in (logs / "checkpoints").iterdir())
     assert_no_job_processes("preempted")
@@ -129,6 +122,26 @@ def test_a_rank_signalled_itself_waits_for_the_launchers_word(
         assert proc.returncode == 0 and out == "went on\n", (proc.returncode, out)
 
 
+def _preempted(argv: tuple[str, ...], logs: Path, far_enough: Callable[[], bool]) -> int:
+    """Run npu-launch with ``argv`` until ``far_enough``, then SIGTERM it and every rank at once,
+    as Slurm's preemption signals every process of the job; the step it asked every rank to save
+    (it exits 143)."""
+    proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(far_enough, "training under way", timeout=300)
+        proc.send_signal(signal.SIGTERM)
+        for pid in _rank_pids(logs):
+            os.kill(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
+    assert asked, err[-3000:]
+    return int(asked.group(1))
+
+
 def _params(log: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^params (\d+) (\w+)$", log, re.M)}
 
@@ -145,22 +158,9 @@ def test_sigterm_to_a_model_train_script_saves_through_its_own_model_checkpoint(
     argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "mt-preempted",
             "--log-dir", str(logs), str(REPO / "tests" / "rank_scripts" / "model_train_ckpt.py"),
             str(ckpt), "--steps", "60", "--step-time", "0.2")
-    proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        rank_log = logs / "rank_0.log"
-        wait_for(lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8, "step 8",
-                 timeout=300)
-        proc.send_signal(signal.SIGTERM)
-        for pid in _rank_pids(logs):
-            os.kill(pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
-    assert asked, err[-3000:]
-    step = int(asked.group(1))
+    rank_log = logs / "rank_0.log"
+    step = _preempted(argv, logs,
+                      lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8)
     first = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
     for rank, log in enumerate(first):
         assert f"npu-launch: rank {rank} saved step {step} (" in log, log[-2000:]
