@@ -90,8 +90,9 @@ class Attempt:
 
     @property
     def savers(self) -> set[int]:
-        """The ranks whose trainer saves a checkpoint when asked (``saves_on_stop``)."""
-        return self.monitor.ranks_where(lambda r: bool(r.saves_on_stop))
+        """The ranks that save last words when asked: the trainer's with a checkpoint folder
+        (``saves_on_stop``), not ``Model.train``'s, which save on a stop only."""
+        return self.monitor.ranks_where(lambda r: bool(r.saves_on_stop) and r.answers_last_words)
 
     def all_of(self, plan: LaunchPlan) -> bool:
         """Whether every rank of ``plan`` initialised communication in this attempt."""

@@ -178,9 +178,9 @@ EVENT_LAYOUT = "layout"
 """Sent by ``parallel.init()``: the world size, the parallel layout and this rank's place in it,
 and ``exec_mode``."""
 EVENT_STEP = "step"
-"""The trainer's progress; the first of a ``fit`` also carries the step's ``exec_mode``,
-``log_every`` (steps between two of these events) and ``saves_on_stop`` (true when the trainer
-saves a checkpoint: it then obeys ``STOP_REQUEST_FILE``)."""
+"""A step ended; the first of a ``fit`` also carries ``exec_mode``, ``log_every`` (steps between
+two of these), ``saves_on_stop`` (it saves at ``STOP_REQUEST_FILE``'s step) and ``last_words``
+(false: it answers no last words request; ``parallel.model_train``'s steps)."""
 STOP_REQUEST_FILE = "stop_request"
 """Written by node 0 into the log directory (``LOG_DIR``) when npu-launch is told to stop
 (SIGTERM, SIGINT, SIGHUP) and every rank said ``saves_on_stop``: one line, the step at which

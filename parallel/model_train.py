@@ -99,7 +99,7 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
             if not first and now - self.reported < REPORT_EVERY:
                 return
             self.reported = now
-            said = {"log_every": 1, "saves_on_stop": True} if first else {}
+            said = {"log_every": 1, "saves_on_stop": True, "last_words": False} if first else {}
             events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num), **said)
 
         def _stop_step(self) -> Optional[int]:

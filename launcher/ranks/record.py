@@ -51,7 +51,8 @@ class RankRecord:
 
     What the rank said: ``main_thread``, ``frameworks`` (``framework`` events' names),
     ``calling_init`` (``init-started``), ``initialised``, ``step`` (the last trainer step),
-    ``saves_on_stop`` (said in a fit's first step), ``finished``, ``ended_cleanly`` (its exit
+    ``saves_on_stop`` and ``answers_last_words`` (said in a fit's first step: a
+    ``Model.train`` rank saves on a stop only), ``finished``, ``ended_cleanly`` (its exit
     handlers began after a clean end of the script: ``exiting``); and its supervisor: ``exited``
     with ``exit_code`` (a signal's negative, as Popen reports it).
 
@@ -71,6 +72,7 @@ class RankRecord:
     initialised: bool = False
     step: Optional[int] = None
     saves_on_stop: Optional[bool] = None
+    answers_last_words: bool = True
     finished: bool = False
     ended_cleanly: Optional[bool] = None
     exited: bool = False
@@ -210,6 +212,7 @@ def _step(r: RankRecord, event: Event, now: Optional[float]) -> None:
     saves = event.record.get("saves_on_stop")
     if isinstance(saves, bool):  # said in a fit's first step event
         r.saves_on_stop = saves
+        r.answers_last_words = event.record.get("last_words") is not False
     r._stepped(event, now)
 
 

@@ -47,7 +47,7 @@ class Ranks(Protocol):
 
     @property
     def savers(self) -> set[int]:
-        """Ranks whose trainer saves on request (``saves_on_stop``)."""
+        """Ranks that save last words on request (the trainer's, ``saves_on_stop``)."""
 
     @property
     def exited(self) -> set[int]:

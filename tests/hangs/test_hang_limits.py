@@ -102,6 +102,7 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
     assert sorted(p.name for p in ckpt.glob("*.ckpt")) == ["net-1_3.ckpt"]
     steps = [r for r in records if r["event"] == "step"]
     assert steps[0]["step"] == 1 and steps[0]["saves_on_stop"] is True, steps
+    assert steps[0]["last_words"] is False, "it saves on a stop, not last words"
 
 
 def test_a_deterministic_failure_stops_after_two_attempts_with_its_own_exit_code(

@@ -87,6 +87,20 @@ def test_the_stop_step_is_past_what_any_rank_can_have_reached(tmp_path: Path) ->
     assert attempt.stop_step([0, 1]) is None, "a rank without a checkpoint dir: stop at once"
 
 
+def test_model_train_ranks_save_on_a_stop_but_are_not_asked_for_last_words(tmp_path: Path) -> None:
+    """``Model.train``'s callback says ``last_words: false``: node 0 still picks a stop step for
+    it, but does not wait on it for last words after a fault (nobody would answer)."""
+    monitor = JobMonitor(str(tmp_path), "j", {0: "h", 1: "h"}, io.StringIO(), False)
+    attempt = Attempt(monitor)
+    for rank in (0, 1):
+        attempt.event(_step(rank, 1, log_every=1, saves_on_stop=True, last_words=False))
+    assert attempt.stop_step([0, 1]) is not None and attempt.savers == set()
+    trainer = Attempt(JobMonitor(str(tmp_path / "t"), "t", {0: "h", 1: "h"}, io.StringIO(), False))
+    for rank in (0, 1):
+        trainer.event(_step(rank, 1, log_every=1, saves_on_stop=True))
+    assert trainer.savers == {0, 1}
+
+
 _BLOCKED = """
 import os, sys, time
 from parallel import preemption
