@@ -114,10 +114,14 @@ class Attempt:
         self.step_times = [*self.step_times[-7:], (time.monotonic(), step)]
 
     def stop_step(self, ranks: Sequence[int]) -> Optional[int]:
-        """The step every rank of ``ranks`` can still reach and save, when all of them save on
-        a stop request: past the newest step reported, by the steps between two reports and
-        by a second's worth of steps (events arrive late), plus one."""
-        if not ranks or not set(ranks) <= self.monitor.ranks_where(lambda r: bool(r.saves_on_stop)):
+        """The step every rank of ``ranks`` can still reach, when all of them obey a stop
+        request (each said ``saves_on_stop``, true or false: one that does not save stops at the
+        step too, as a data-parallel script's ranks do when rank 0 alone saves) and one of them
+        saves: past the newest step reported, by the steps between two reports and by a
+        second's worth of steps (events arrive late), plus one."""
+        said = self.monitor.ranks_where(lambda r: r.saves_on_stop is not None)
+        saving = self.monitor.ranks_where(lambda r: bool(r.saves_on_stop))
+        if not ranks or not set(ranks) <= said or not saving & set(ranks):
             return None
         steps = [r.step for rank in ranks if (r := self.monitor.record(rank)) and r.step is not None]
         (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]

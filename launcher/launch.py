@@ -308,8 +308,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
 
 @dataclasses.dataclass(frozen=True)
 class StopRequest:
-    """On a stop signal to a job run here: when every rank's trainer saves on request
-    (``saves_on_stop``), the step they all save and stop at goes into the log directory
+    """On a stop signal to a job run here: when every rank obeys a stop request and one saves
+    (``Attempt.stop_step``), the step they all stop at (and save) goes into the log directory
     (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
     else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
     node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),

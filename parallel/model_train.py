@@ -1,18 +1,19 @@
 """A save on preemption for scripts that train with MindSpore's ``Model.train`` (or ``fit``) and
 save with its ``ModelCheckpoint``, without a line of them changed (the rank hook wraps both).
 
-While such a ``train`` runs, a callback after the script's own reports each step (a ``step``
-event when the first step ends, then at most twice a second; ``saves_on_stop``: npu-launch may
-ask this rank to save) and looks once a step for npu-launch's stop request
-(``contract.STOP_REQUEST_FILE``). At the step named there, or past it, every ``ModelCheckpoint``
-of the call saves the step through its own ``end``: in its directory, under the name its
-periodic saves take (``PREFIX-EPOCH_STEP.ckpt``), with what they hold; then the rank exits 0.
-A rank signalled itself (Slurm signals every process of a job step) waits for that word as the
-shared trainer's do (``parallel.preemption``).
+While a ``train`` runs under npu-launch, a callback after the script's own reports each step (a
+``step`` event when the first step ends, then at most twice a second; ``saves_on_stop``: whether
+the call has a ``ModelCheckpoint``; ``last_words`` false) and looks once a step for npu-launch's
+stop request (``contract.STOP_REQUEST_FILE``), which node 0 writes when at least one rank saves
+and every rank said whether it does. At the step named there, or past it, every
+``ModelCheckpoint`` of the call saves the step through its own ``end``: in its directory, under
+the name its periodic saves take (``PREFIX-EPOCH_STEP.ckpt``), with what they hold; then the rank
+exits 0. A rank without one stops at the same step (a data-parallel script often saves on rank 0
+alone: its peers must not leave it waiting in the step's all-reduce). A rank signalled itself
+(Slurm signals every process of a job step) waits for that word as the shared trainer's do
+(``parallel.preemption``).
 
-A ``train`` with no ``ModelCheckpoint`` runs as it is: the script would not resume from anything
-saved elsewhere, so npu-launch stops it at once. Resuming is the script's own: it loads its newest
-checkpoint as after any stop.
+Resuming is the script's own: it loads its newest checkpoint as after any stop.
 
 Nothing here imports MindSpore: ``Model.train``'s module has loaded it when this runs.
 """
@@ -31,8 +32,7 @@ REPORT_EVERY = 0.5
 
 
 def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
-    """``Model.train`` (or ``fit``), with the stop callback added when the call saves with a
-    ``ModelCheckpoint`` and runs under npu-launch."""
+    """``Model.train`` (or ``fit``), with the stop callback added under npu-launch."""
     import inspect  # not at the rank's boot: the hook loads this module in every rank
 
     signature = inspect.signature(real)
@@ -45,9 +45,9 @@ def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
             return real(*args, **kwargs)
         given = bound.arguments.get("callbacks")
         listed = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
-        savers = _checkpointers(listed)
-        if not path or not savers:
+        if not path:
             return real(*args, **kwargs)
+        savers = _checkpointers(listed)
         bound.arguments["callbacks"] = [*listed, _stop_callback(path, savers)]
         with preemption.deferred_sigterm(path):
             return real(*bound.args, **bound.kwargs)
@@ -68,7 +68,7 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
     from mindspore.train.callback import Callback
 
     class StopAndSave(Callback):
-        """Reports steps and saves the step npu-launch asks for (module docstring)."""
+        """Reports steps; saves (with ``savers``) and stops at the step npu-launch asks for."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -86,8 +86,9 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
                 saver.end(run_context)  # forced; a no-op when a periodic save just took this step
             names = ", ".join(str(saver.latest_ckpt_file_name) for saver in savers)
             rank = contract.RankIdentity.from_environ(os.environ).rank
-            print(f"npu-launch: rank {rank} saved step {step} ({names}) and stops, as asked",
-                  flush=True)
+            print(f"npu-launch: rank {rank} saved step {step} ({names}) and stops, as asked"
+                  if savers else f"npu-launch: rank {rank} stops at step {step}, as asked "
+                  "(it has no ModelCheckpoint: another rank saves)", flush=True)
             sys.stderr.flush()
             # Every rank stops at this step: MindSpore's exit handlers would wait on the
             # cluster's finalisation, which --kill-timeout does not allow for.
@@ -99,7 +100,8 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
             if not first and now - self.reported < REPORT_EVERY:
                 return
             self.reported = now
-            said = {"log_every": 1, "saves_on_stop": True, "last_words": False} if first else {}
+            said = {"log_every": 1, "saves_on_stop": bool(savers), "last_words": False} \
+                if first else {}
             events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num), **said)
 
         def _stop_step(self) -> Optional[int]:

@@ -2,12 +2,13 @@
 ``ModelCheckpoint``, as msrun's users write them: nothing of npu-launch imported (the rank hook
 adds the save on a stop, ``parallel.model_train``).
 
---steps N steps in one epoch, each at least --step-time S seconds; ``ModelCheckpoint`` (prefix
-``net``, directory CKPT/rank_R) every --save-every steps. After each step the script's own
-callback prints ``params <step> <sha256>`` over every parameter of the train network: the
-weights and the optimizer's moments, what a checkpoint of the step holds. At start the newest
-checkpoint in CKPT/rank_R, if there is one, is loaded into the train network (``resumed <file>
-<sha256>``, the same digest after the load) and the data skips the steps it holds.
+--steps N steps in one epoch, each at least --step-time S seconds; on rank 0 alone, as many
+data-parallel scripts do, a ``ModelCheckpoint`` (prefix ``net``, directory CKPT) every
+--save-every steps. After each step the script's own callback prints ``params <step> <sha256>``
+over every parameter of the train network: the weights and the optimizer's moments, what a
+checkpoint of the step holds (equal on every rank: replicas). At start every rank loads the
+newest checkpoint in CKPT, if there is one, into its train network (``resumed <file> <sha256>``,
+the digest after the load) and the data skips the steps it holds.
 """
 import argparse
 import glob
@@ -65,8 +66,7 @@ class PrintParams(ms.train.Callback):
 
 net = nn.Dense(WIDTH, 2)
 model = ms.Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9))
-folder = os.path.join(args.ckpt, f"rank_{rank}")
-saved = sorted(glob.glob(os.path.join(folder, "net-*.ckpt")), key=os.path.getmtime)
+saved = sorted(glob.glob(os.path.join(args.ckpt, "net-*.ckpt")), key=os.path.getmtime)
 done = 0
 if saved:
     ms.load_param_into_net(model.train_network, ms.load_checkpoint(saved[-1]))
@@ -74,7 +74,9 @@ if saved:
     print(f"resumed {os.path.basename(saved[-1])} {digest(model.train_network)}", flush=True)
 data = ms.dataset.GeneratorDataset(Source(), ["x", "y"], shuffle=False, num_shards=world,
                                    shard_id=rank).batch(BATCH).skip(done)
-checkpoints = ModelCheckpoint(prefix="net", directory=folder,
-                              config=CheckpointConfig(save_checkpoint_steps=args.save_every))
-model.train(1, data, callbacks=[PrintParams(), checkpoints], dataset_sink_mode=False)
+callbacks = [PrintParams()]
+if rank == 0:
+    callbacks.append(ModelCheckpoint(prefix="net", directory=args.ckpt,
+                                     config=CheckpointConfig(save_checkpoint_steps=args.save_every)))
+model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)
 print(f"rank {rank} trained to step {args.steps}", flush=True)

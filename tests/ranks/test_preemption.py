@@ -83,8 +83,11 @@ def test_the_stop_step_is_past_what_any_rank_can_have_reached(tmp_path: Path) ->
     attempt.event(_step(0, 10))
     attempt.step_times = [(100.0, 5), (101.0, 10)]  # 5 steps a second
     assert attempt.stop_step([0, 1]) == 10 + 5 + 5 + 1
-    attempt.event(_step(1, 10, log_every=5, saves_on_stop=False))  # a fit without a ckpt dir
-    assert attempt.stop_step([0, 1]) is None, "a rank without a checkpoint dir: stop at once"
+    attempt.event(_step(1, 10, log_every=5, saves_on_stop=False))  # rank 0 alone saves
+    attempt.step_times = [(100.0, 5), (101.0, 10)]
+    assert attempt.stop_step([0, 1]) == 21, "rank 1 stops at the step rank 0 saves"
+    attempt.event(_step(0, 10, log_every=5, saves_on_stop=False))
+    assert attempt.stop_step([0, 1]) is None, "no rank saves: stop at once"
 
 
 def test_model_train_ranks_save_on_a_stop_but_are_not_asked_for_last_words(tmp_path: Path) -> None:
@@ -163,11 +166,11 @@ def _params(log: str) -> dict[int, str]:
 @pytest.mark.mindspore
 def test_sigterm_to_a_model_train_script_saves_through_its_own_model_checkpoint(
         weird_tmp: Path) -> None:
-    """A plain ``Model.train`` script with a ``ModelCheckpoint`` that saves only at the end: SIGTERM
-    to npu-launch and to every rank makes each rank's ``ModelCheckpoint`` save the same step,
-    under its own name for that step, holding the parameters and optimizer moments the rank had
-    after it; the same command run again (the script loads its newest checkpoint) starts from
-    exactly those."""
+    """A plain ``Model.train`` script whose rank 0 alone has a ``ModelCheckpoint``, saving only at
+    the end: SIGTERM to npu-launch and to every rank makes rank 0 save the step node 0 names,
+    under its own name for that step, holding the parameters and optimizer moments it had after
+    it, and rank 1 stop at the same step; the same command run again (every rank loads the
+    newest checkpoint) starts from exactly those on both."""
     logs, ckpt = weird_tmp / "logs", weird_tmp / "ckpt"
     argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "mt-preempted",
             "--log-dir", str(logs), str(REPO / "tests" / "rank_scripts" / "model_train_ckpt.py"),
@@ -176,9 +179,10 @@ def test_sigterm_to_a_model_train_script_saves_through_its_own_model_checkpoint(
     step = _preempted(argv, logs,
                       lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8)
     first = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
-    for rank, log in enumerate(first):
-        assert f"npu-launch: rank {rank} saved step {step} (" in log, log[-2000:]
-        assert sorted(p.name for p in (ckpt / f"rank_{rank}").glob("*.ckpt")) == [f"net-1_{step}.ckpt"]
+    assert f"npu-launch: rank 0 saved step {step} (" in first[0], first[0][-2000:]
+    assert f"npu-launch: rank 1 stops at step {step}, as asked" in first[1], first[1][-2000:]
+    assert sorted(p.name for p in ckpt.glob("*.ckpt")) == [f"net-1_{step}.ckpt"]
+    for log in first:
         assert max(_params(log)) == step, "no step after the one saved"
     assert_no_job_processes("mt-preempted")
 
