@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from parallel import contract, events, preemption
 
@@ -43,12 +42,11 @@ def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
             bound = signature.bind(*args, **kwargs)
         except TypeError:  # MindSpore's own message, unchanged
             return real(*args, **kwargs)
-        given = bound.arguments.get("callbacks")
-        listed = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
         if not path:
             return real(*args, **kwargs)
-        savers = _checkpointers(listed)
-        bound.arguments["callbacks"] = [*listed, _stop_callback(path, savers)]
+        given = bound.arguments.get("callbacks")
+        listed = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
+        bound.arguments["callbacks"] = [*listed, _stop_callback(path, _checkpointers(listed))]
         with preemption.deferred_sigterm(path):
             return real(*bound.args, **bound.kwargs)
     return functools.update_wrapper(train, real)
@@ -73,26 +71,21 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.reported = 0.0
-            self.stop: Optional[int] = None
+            self.stop = preemption.StopStep(path)
 
         def on_train_step_end(self, run_context: Any) -> None:
             params = run_context.original_args()
             step = int(params.cur_step_num)
             self._report(params, step)
-            stop = self._stop_step()
-            if stop is None or step < stop:
+            if not self.stop.reached(step):
                 return
             for saver in savers:
                 saver.end(run_context)  # forced; a no-op when a periodic save just took this step
             names = ", ".join(str(saver.latest_ckpt_file_name) for saver in savers)
             rank = contract.RankIdentity.from_environ(os.environ).rank
-            print(f"npu-launch: rank {rank} saved step {step} ({names}) and stops, as asked"
-                  if savers else f"npu-launch: rank {rank} stops at step {step}, as asked "
-                  "(it has no ModelCheckpoint: another rank saves)", flush=True)
-            sys.stderr.flush()
-            # Every rank stops at this step: MindSpore's exit handlers would wait on the
-            # cluster's finalisation, which --kill-timeout does not allow for.
-            os._exit(0)
+            preemption.stop_now(f"npu-launch: rank {rank} saved step {step} ({names}) and stops, "
+                                "as asked" if savers else f"npu-launch: rank {rank} stops at step "
+                                f"{step}, as asked (it has no ModelCheckpoint: another rank saves)")
 
         def _report(self, params: Any, step: int) -> None:
             now = time.monotonic()
@@ -103,14 +96,5 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
             said = {"log_every": 1, "saves_on_stop": bool(savers), "last_words": False} \
                 if first else {}
             events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num), **said)
-
-        def _stop_step(self) -> Optional[int]:
-            """The step npu-launch asked every rank to save and stop at (one ``stat`` a step until
-            its file exists)."""
-            if self.stop is None and os.path.exists(path):
-                word = preemption.read_word(path)
-                if word is not None and word.isdigit():  # else being written, or no save: not now
-                    self.stop = int(word)
-            return self.stop
 
     return StopAndSave()

@@ -2,7 +2,7 @@
 process of a job step on preemption. While the trainer fits, SIGTERM does not kill a rank at
 once: a thread waits up to ``WAIT`` seconds for npu-launch's word in the log directory
 (``contract.STOP_REQUEST_FILE``, which npu-launch writes as it gets the same signal): a step
-(the main thread trains on to it, saves it and exits: ``Trainer._stop_at``) or ``NO_SAVE``
+(the main thread trains on to it, saves it and exits: ``StopStep``, ``stop_now``) or ``NO_SAVE``
 (npu-launch is stopping the job without a save: die at once). Nothing there by then: the
 rank dies of the signal, as it would have.
 
@@ -14,9 +14,10 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Iterator, NoReturn, Optional
 
 from parallel import contract
 
@@ -39,6 +40,35 @@ def read_word(path: str) -> Optional[str]:
     except OSError:
         return None
     return words[0] if words else None
+
+
+class StopStep:
+    """The step npu-launch asked every rank to stop at (and those that save, to save), read
+    from ``path`` (``stop_file``) with one ``stat`` a step until it holds a step."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.step: Optional[int] = None
+
+    def reached(self, step: int) -> bool:
+        """Whether ``step`` is the step asked for, or past it."""
+        if self.step is None:
+            if not self.path or not os.path.exists(self.path):
+                return False
+            word = read_word(self.path)
+            if word is None or not word.isdigit():  # being written, or no save: not now
+                return False
+            self.step = int(word)
+        return step >= self.step
+
+
+def stop_now(line: str) -> NoReturn:
+    """Print ``line`` and end the rank at once, with exit code 0: every rank stops at this
+    step, and MindSpore's exit handlers would wait seconds on the cluster's finalisation,
+    which the launcher's ``--kill-timeout`` needs for the save."""
+    print(line, flush=True)
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextlib.contextmanager

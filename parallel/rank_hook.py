@@ -45,7 +45,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, Sequence, Type
 
-from parallel import contract, ending, events, model_train, progress
+from parallel import contract, ending, events, progress
 
 _PR_SET_PDEATHSIG = 1
 
@@ -278,6 +278,8 @@ def _patch_saves(module: Any) -> None:
 
 
 def _patch_model_train(module: Any) -> None:
+    from parallel import model_train  # here: not every rank's boot pays for it
+
     module.Model.train = model_train.stopping_train(module.Model.train)
     module.Model.fit = model_train.stopping_train(module.Model.fit)
 

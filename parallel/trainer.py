@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
-import sys
 import threading
 import time
 from typing import Any, Optional, Sequence
@@ -103,7 +101,7 @@ class Trainer(CheckpointSteps):
         self.last_checkpoint: Optional[str] = None
         self._saved_steps: set[int] = set()
         self._stop_file = preemption.stop_file()
-        self._stop_step: Optional[int] = None
+        self._stop = preemption.StopStep(self._stop_file)
         self._pending_manifests: set[int] = set()
         self._confirmed_steps: list[int] = []
         self._gather: Optional[RowGather] = None
@@ -264,26 +262,11 @@ class Trainer(CheckpointSteps):
         every = self.options.ckpt_every_steps
         if every and step % every == 0:
             self._save(run)
-        if self._stop_at(step):
+        if self._stop.reached(step):  # a rank without a ckpt_dir stops there too, saving nothing
             self._save(run)
-            print(f"npu-launch trainer: rank {self.rank} saved step {step} and stops, as asked",
-                  flush=True)
-            sys.stderr.flush()
-            # Every rank stops at this step: MindSpore's exit handlers would wait seconds on
-            # the cluster's finalisation that the launcher's --kill-timeout needs for the save.
-            os._exit(0)
-
-    def _stop_at(self, step: int) -> bool:
-        """Whether npu-launch asked every rank to save and stop at ``step`` or before
-        (``contract.STOP_REQUEST_FILE``; one ``stat`` a step until it exists)."""
-        if self._stop_step is None:
-            if not self._stop_file or not os.path.exists(self._stop_file):
-                return False
-            word = preemption.read_word(self._stop_file)
-            if word is None or not word.isdigit():  # being written, or no save: not now
-                return False
-            self._stop_step = int(word)
-        return step >= self._stop_step and self.options.ckpt_dir is not None
+            done = "saved step" if self.options.ckpt_dir is not None else "stops at step"
+            preemption.stop_now(f"npu-launch trainer: rank {self.rank} {done} {step} and stops, "
+                                "as asked")
 
     def _step_callbacks(self, run: Run) -> None:
         info = StepInfo(self.position.global_step, self.position.epoch,

@@ -185,7 +185,7 @@ class JobMonitor:
         clean end of their script (``RankRecord.teardown_crash``): not failures; else None."""
         with self._lock:
             crashes = [(rank, state.host, name) for rank, state in sorted(self._state.ranks.items())
-                       if (name := state.progress.teardown_crash(state.progress.exit_code))]
+                       if (name := state.progress.teardown_crash())]
         if not crashes:
             return None
         said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)

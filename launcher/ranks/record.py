@@ -115,14 +115,14 @@ class RankRecord:
         if fold is not None:
             fold(self, event, event.time if now is None else now)
 
-    def teardown_crash(self, returncode: Optional[int]) -> Optional[str]:
-        """The fault signal's name when ``returncode`` (Popen's) says the rank died of one after
-        its script ended cleanly: in its exit handlers (MindSpore's teardown races its own
-        threads), its work done. None otherwise."""
-        if not self.ended_cleanly or returncode is None or returncode >= 0 \
-                or -returncode not in FAULTS:
+    def teardown_crash(self) -> Optional[str]:
+        """The fault signal's name when the rank's exit says it died of one after its script
+        ended cleanly: in its exit handlers (MindSpore's teardown races its own threads), its
+        work done. None otherwise."""
+        code = self.exit_code
+        if not self.ended_cleanly or code is None or code >= 0 or -code not in FAULTS:
             return None
-        return signal.Signals(-returncode).name
+        return signal.Signals(-code).name
 
     def phases(self) -> dict[str, Optional[float]]:
         """Seconds per phase (``PHASES``); None where a mark is missing. Training ends at the

@@ -252,10 +252,10 @@ class LocalRanks:
 
     def _failed(self, exit_: Exit) -> bool:
         """Whether an exit fails the job: not 0, and not a crash in the exit handlers of a rank
-        whose script had ended cleanly (node 0's monitor says so in a line of its own)."""
-        rank = exit_.spec.rank
-        return not exit_.ok and (rank is None or rank not in self._records
-                                 or self._records[rank].teardown_crash(exit_.returncode) is None)
+        whose script had ended cleanly (its record has the exit already; node 0's monitor says
+        so in a line of its own)."""
+        record = self._records.get(exit_.spec.rank) if exit_.spec.rank is not None else None
+        return not exit_.ok and (record is None or record.teardown_crash() is None)
 
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
         return sorted((s for s in group.running() if s.rank is not None

@@ -45,7 +45,7 @@ def test_sigterm_saves_a_step_every_rank_completed_and_the_same_command_resumes(
     process of the job: each rank, signalled inside MindSpore's training, waits for npu-launch's
     word and trains on to the step named. SIGTERM to npu-launch alone (Ctrl-C, Kubernetes,
     Slurm's batch-shell signal) is this without the ranks' own signal: the ranks find the word
-    in the same per-step look (``Trainer._stop_at``), which runs whether or not a rank was
+    in the same per-step look (``preemption.StopStep``), which runs whether or not a rank was
     signalled; that variant was a second copy of this 30 s job and was dropped."""
     logs = weird_tmp / "logs"
     argv = ("--device", "cpu", "--cards", "2", "--console", "none", "--job-id", "preempted",

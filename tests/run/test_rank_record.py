@@ -270,9 +270,14 @@ def test_an_agent_stopped_just_after_its_rank_failed_reports_the_failure(tmp_pat
 
 def test_only_a_fault_after_a_clean_end_is_a_crash_in_the_teardown() -> None:
     record = RankRecord()
-    assert record.teardown_crash(-11) is None, "no exiting event: the script may not have ended"
+
+    def crash(code: Optional[int]) -> Optional[str]:
+        record.observe(Event.exited(0, "h", code, 1.0))
+        return record.teardown_crash()
+
+    assert crash(-11) is None, "no exiting event: the script may not have ended"
     record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": False}))
-    assert record.teardown_crash(-11) is None, "an exception or sys.exit(3) came first"
+    assert crash(-11) is None, "an exception or sys.exit(3) came first"
     record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": True}))
-    assert [record.teardown_crash(code) for code in (-11, -6, -7, -9, -15, 0, 1, 139, None)] == [
+    assert [crash(code) for code in (-11, -6, -7, -9, -15, 0, 1, 139, None)] == [
         "SIGSEGV", "SIGABRT", "SIGBUS", None, None, None, None, None, None]
