@@ -17,6 +17,7 @@ from launcher.hangs.stack_samples import StackSample, native_path
 from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from launcher.observe.monitor import JobMonitor
 from launcher.plan.launch_plan import LaunchPlan
+from launcher.ranks.record import RankRecord
 from launcher.run.failures import JobResult, Outcome, stall_cause
 from launcher.run.restarts import (
     FailurePoint,
@@ -38,7 +39,8 @@ class Attempts:
     def begin(self, plan: LaunchPlan) -> "Attempt":
         return Attempt(self.monitor, self.hangs, self.ledger, _stack_paths(plan),
                        {s.rank: s.host for s in plan.ranks if s.rank is not None},
-                       self.frameworks)
+                       self.frameworks,
+                       0.0 if plan.foreground else plan.timeouts.exit)  # pdb has no clock
 
 
 class Attempt:
@@ -52,12 +54,15 @@ class Attempt:
                  ledger: Optional[CheckpointLedger] = None,
                  stack_paths: Optional[Mapping[int, str]] = None,
                  ranks: Optional[Mapping[int, str]] = None,
-                 frameworks: Optional[FrameworkNote] = None) -> None:
+                 frameworks: Optional[FrameworkNote] = None, exit_timeout: float = 0.0) -> None:
         self.monitor = monitor
         self.hangs = hangs
         self.ledger = ledger
         self._stack_paths = stack_paths or {}
         self._frameworks = frameworks
+        self._ranks = tuple(ranks or ())
+        self._exit_timeout = exit_timeout
+        self._next_exit_look = 0.0
         self.log_every = 1
         self.step_times: list[tuple[float, int]] = []
         """(when it arrived, step) of the last few step events, for the pace of steps."""
@@ -82,6 +87,22 @@ class Attempt:
     def tick(self) -> Optional[Stall]:
         self.monitor.tick()
         return self.hangs() if self.hangs is not None else None
+
+    def exits_overdue(self) -> bool:
+        """Whether the job is over but for exit handlers that do not return: every rank's script
+        ended well ``--exit-timeout`` seconds ago or more, and a rank still runs (MindSpore's
+        finalisation waiting on a cluster that is gone, a handler of the script's that never
+        returns). npu-launch then stops it, and counts it as exited 0 with a line of its own
+        (``monitor.teardown_note``). Looked at twice a second."""
+        now = self.monitor.now()
+        if self._exit_timeout <= 0 or not self._ranks or now < self._next_exit_look:
+            return False
+        self._next_exit_look = now + 0.5
+        stuck = lingering({rank: self.monitor.record(rank) for rank in self._ranks}, now,
+                          self._exit_timeout)
+        if stuck:
+            self.monitor.stopped_in_exit(stuck, self._exit_timeout)
+        return bool(stuck)
 
     @property
     def exited(self) -> set[int]:
@@ -174,6 +195,19 @@ class Attempt:
                 text = event.record.get(field)
                 if isinstance(text, str) and text:
                     write_if_changed(target, text)
+
+
+def lingering(records: Mapping[int, Optional[RankRecord]], now: float,
+              limit: float) -> tuple[int, ...]:
+    """The ranks stuck in their exit handlers: those still running when every rank's script
+    ended well (``RankRecord.ended_well``) and the last of them ``limit`` seconds or more before
+    ``now``; () while any script runs, failed or is not known to have ended."""
+    ended = [r.script_ended_at for r in records.values() if r is not None and r.ended_well]
+    if not records or len(ended) < len(records) or None in ended:
+        return ()
+    if now - max(t for t in ended if t is not None) < limit:
+        return ()
+    return tuple(sorted(rank for rank, r in records.items() if r is not None and not r.exited))
 
 
 def _stack_paths(plan: LaunchPlan) -> dict[int, str]:

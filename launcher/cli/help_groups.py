@@ -20,7 +20,7 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Failures and restarts", ("--kill-timeout", "--max-restarts", "--restart-backoff",
                                "--restart-backoff-max", "--min-nodes", "--card-free-timeout",
                                "--checkpoint-collect", "--compile-cache")),
-    ("Hangs", ("--startup-timeout", "--hang-timeout", "--hang-grace")),
+    ("Hangs", ("--startup-timeout", "--hang-timeout", "--hang-grace", "--exit-timeout")),
     ("Logs and console", ("--log-dir", "--job-id", "--console", "--runtime-logs",
                           "--merge-lines")),
     ("Binding", ("--bind-cores", "--bind-numa")),

@@ -87,6 +87,10 @@ def cli() -> None:
 @click.option("--hang-grace", type=float, default=1800.0, show_default=True,
               help="The same, before a rank's first step and after a checkpoint load (graph "
               "compilation).")
+@click.option("--exit-timeout", type=float, default=60.0, show_default=True,
+              help="Once every rank's script ended cleanly, stop the ranks still in their exit "
+              "handlers after this many seconds, counted as exited 0 (0: wait without a "
+              "limit).")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="Restart the whole job after a failure or a hang, this many times at most "
               "in all (one budget for every node; not after start-up errors).")

@@ -94,6 +94,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
         hang_grace=options["hang_grace"],
+        exit_timeout=options["exit_timeout"],
         max_restarts=options["max_restarts"],
         restart_backoff=options["restart_backoff"],
         restart_backoff_max=options["restart_backoff_max"],

@@ -177,6 +177,9 @@ class ControlReporter:
     def tick(self) -> Optional[Stall]:
         return None  # node 0 sees every node's events and judges who fell behind
 
+    def exits_overdue(self) -> bool:
+        return False  # node 0 alone knows when every rank's script ended
+
     def result(self, result: JobResult) -> None:
         self._console.write_line(b"", control.result_line(result))
 

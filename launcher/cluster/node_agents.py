@@ -248,7 +248,8 @@ def run_agents(plan: LaunchPlan, agents: list[AgentLaunch], console_filter: Cons
     source = NodeAgents(plan, agents, console_filter, console, reporter)
     hook = on_stop(group.send) if on_stop is not None else None
     fault = on_fault(AskThroughAgents(plan, source)) if on_fault is not None else None
-    return Watch(plan, source, group, reporter.tick, on_stop=hook, on_fault=fault).run()
+    return Watch(plan, source, group, reporter.tick, on_stop=hook, on_fault=fault,
+                 exits_overdue=reporter.exits_overdue).run()
 
 
 def _agent_failure(exit_: Exit, job_id: str) -> JobResult:

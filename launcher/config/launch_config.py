@@ -113,6 +113,9 @@ class LaunchConfig:
     """``--hang-timeout``: None when not given (the limit is learnt from the job,
     ``hang_limits.Limits``); 0 turns hang detection off."""
     hang_grace: float = 1800.0
+    exit_timeout: float = 60.0
+    """``--exit-timeout``: how long ranks may stay in their exit handlers once every rank's
+    script ended cleanly (0: without a limit)."""
     max_restarts: int = 0
     restart_backoff: Optional[float] = None
     """``--restart-backoff``: seconds before the first restart, doubled before each next one
@@ -203,6 +206,7 @@ class LaunchConfig:
                                 ("--startup-timeout", self.startup_timeout),
                                 ("--hang-timeout", self.hang_timeout or 0.0),
                                 ("--hang-grace", self.hang_grace),
+                                ("--exit-timeout", self.exit_timeout),
                                 ("--rank-table-timeout", self.rank_table_timeout or 0.0),
                                 ("--restart-backoff", self.restart_backoff or 0.0),
                                 ("--restart-backoff-max", self.restart_backoff_max or 0.0),

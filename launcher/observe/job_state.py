@@ -88,8 +88,9 @@ class RankState:
 
     @property
     def done(self) -> bool:
-        """Finished training or gone: no longer expected to make progress."""
-        return self.finished or self.exited
+        """Finished training, or its script ended (it may wait in its exit handlers for the
+        others, as MindSpore's finalisation does), or gone: no progress is to come."""
+        return self.finished or self.progress.script_ended
 
     @property
     def last_eval(self) -> Optional[Evaluation]:

@@ -36,7 +36,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, TextIO
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher.files import read_json
 from launcher.hangs.stalls import Stall
@@ -76,6 +76,8 @@ class JobMonitor:
         self._news_since_status = False
         self._dirty = False
         self._summary: Optional[dict[str, Any]] = None
+        self._lingered: tuple[tuple[int, ...], float] = ((), 0.0)
+        """Ranks stopped in their exit handlers in this attempt, and the limit they passed."""
         os.makedirs(log_dir, exist_ok=True)
         self._state.earlier_attempts = earlier_attempts(log_dir)
         self._launch = 1 + max((a.launch for a in self._state.earlier_attempts), default=-1)
@@ -87,6 +89,10 @@ class JobMonitor:
     @property
     def job_id(self) -> str:
         return self._job_id
+
+    def now(self) -> float:
+        """The monitor's clock, which the records' times of arrival are on."""
+        return self._clock()
 
     def on_event(self, event: Event) -> None:
         """Append the event's record to metrics.jsonl and fold it into the rank's state."""
@@ -119,6 +125,7 @@ class JobMonitor:
                 self._state.reshape(ranks)
             for state in self._state.ranks.values():
                 state.begin_attempt()
+            self._lingered = ((), 0.0)
 
     def attempt_ended(self, record: AttemptRecord) -> None:
         """One attempt of the job ended: an ``attempt`` record in metrics.jsonl, an entry of
@@ -180,18 +187,33 @@ class JobMonitor:
         return (f"npu-launch: checkpoints were written (step {shown}) but no step by every rank: "
                 "none is complete to resume from")
 
+    def stopped_in_exit(self, ranks: Sequence[int], limit: float) -> None:
+        """``ranks`` were still in their exit handlers ``limit`` seconds after every rank's
+        script ended well (``attempt.lingering``): npu-launch stops them, not a failure."""
+        with self._lock:
+            self._lingered = (tuple(ranks), limit)
+
     def teardown_note(self) -> Optional[str]:
-        """A line for ranks of this attempt that died of a fault in their exit handlers after a
-        clean end of their script (``RankRecord.teardown_crash``): not failures; else None."""
+        """Lines for ranks of this attempt that died of a fault in their exit handlers after a
+        clean end of their script (``RankRecord.teardown_crash``), or were stopped there
+        (``stopped_in_exit``): not failures; else None."""
         with self._lock:
             crashes = [(rank, state.host, name) for rank, state in sorted(self._state.ranks.items())
                        if (name := state.progress.teardown_crash())]
-        if not crashes:
-            return None
-        said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)
-        return (f"npu-launch: counted as exited 0: {said}: died in its exit handlers after its "
-                "script ended cleanly (a fault in the framework's teardown; the stacks are at "
-                "the end of its log)")
+            stuck, limit = self._lingered
+            hosts = {rank: state.host for rank, state in self._state.ranks.items()}
+        lines = []
+        if crashes:
+            said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)
+            lines.append(f"npu-launch: counted as exited 0: {said}: died in its exit handlers "
+                         "after its script ended cleanly (a fault in the framework's teardown; "
+                         "the stacks are at the end of its log)")
+        if stuck:
+            said = "; ".join(f"rank {rank} on {hosts.get(rank, '?')}" for rank in stuck)
+            lines.append(f"npu-launch: counted as exited 0: {said}: still in its exit handlers "
+                         f"{limit:g} s after every rank's script ended cleanly, stopped "
+                         f"(--exit-timeout {limit:g}; 0 waits without a limit)")
+        return "\n".join(lines) or None
 
     def rank_states(self) -> list[RankState]:
         """A copy of every rank's state, for the stall check (``stalls.HangCheck``)."""

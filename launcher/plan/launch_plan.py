@@ -111,14 +111,17 @@ class ProcessSpec:
 @dataclasses.dataclass(frozen=True)
 class Timeouts:
     """How every node's supervisor waits: ``--kill-timeout``, ``--startup-timeout``,
-    ``--hang-timeout`` (0: never) and ``--hang-grace``, carried in the plan so agents get them
-    with it."""
+    ``--hang-timeout`` (0: never), ``--hang-grace`` and ``--exit-timeout``, carried in the plan
+    so agents get them with it."""
 
     kill: float = 10.0
     startup: float = 300.0
     hang: Optional[float] = None
     """None: learnt from the job (``hang_limits.Limits``)."""
     hang_grace: float = 1800.0
+    exit: float = 60.0
+    """How long node 0 waits, once every rank's script ended cleanly, for the ranks still in
+    their exit handlers (0: without a limit; ``attempt.lingering``)."""
 
 
 @dataclasses.dataclass(frozen=True)

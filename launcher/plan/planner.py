@@ -64,7 +64,8 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       foreground=len(ranks) == 1 and len(inputs.nodes) == 1
                       and not inputs.agents, token=inputs.token, replicated=inputs.replicated,
                       timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
-                                        config.hang_timeout, config.hang_grace),
+                                        config.hang_timeout, config.hang_grace,
+                                        config.exit_timeout),
                       collect_ranks=_collect_ranks(config, inputs, ranks))
 
 

@@ -54,7 +54,8 @@ class RankRecord:
     ``saves_on_stop`` and ``answers_last_words`` (said in a fit's first step: a
     ``Model.train`` rank saves on a stop only), ``finished``, ``ended_cleanly`` (its exit
     handlers began after a clean end of the script: ``exiting``); and its supervisor: ``exited``
-    with ``exit_code`` (a signal's negative, as Popen reports it).
+    with ``exit_code`` (a signal's negative, as Popen reports it). ``script_ended_at``: when
+    its script ended (``exiting``, else its exit), on the folder's clock.
 
     Marks, on the rank's clock (seconds since the epoch): ``spawned`` (the kernel's start of the
     process), ``started_time``, ``init_started_time``, ``initialised_time``, ``first_step_time``,
@@ -77,6 +78,7 @@ class RankRecord:
     ended_cleanly: Optional[bool] = None
     exited: bool = False
     exit_code: Optional[int] = None
+    script_ended_at: Optional[float] = None
 
     spawned: Optional[float] = None
     started_time: Optional[float] = None
@@ -114,6 +116,17 @@ class RankRecord:
         fold = _FOLDS.get(event.kind)
         if fold is not None:
             fold(self, event, event.time if now is None else now)
+
+    @property
+    def script_ended(self) -> bool:
+        """Its script has ended (its exit handlers began, or its process is gone): no progress
+        is to come from it, whatever its exit handlers wait for."""
+        return self.ended_cleanly is not None or self.exited
+
+    @property
+    def ended_well(self) -> bool:
+        """Its script ended cleanly (``exiting``), or its process exited 0."""
+        return bool(self.ended_cleanly) or (self.exited and self.exit_code == 0)
 
     def teardown_crash(self) -> Optional[str]:
         """The fault signal's name when the rank's exit says it died of one after its script
@@ -241,11 +254,13 @@ def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 def _exiting(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.ended_cleanly = event.record.get("clean") is True
+    r.script_ended_at = r.script_ended_at or now
 
 
 def _exited(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.exited, r.exit_code = True, event.returncode
     r.exited_time = event.time
+    r.script_ended_at = r.script_ended_at or now
     last = event.record.get("last_progress")  # metrics.jsonl keeps no progress events
     if isinstance(last, float) and r.first_step_time is not None \
             and last > (r.last_progress or 0.0):

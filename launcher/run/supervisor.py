@@ -125,8 +125,9 @@ class LocalRanks:
         self._failures = [Failure.from_exit(e) for e in exits if self._failed(e)] + _reported(group)
         if self._failures:
             return Outcome.FAILED
-        if self._stalls is not None:
-            running = self._running_ranks(group)
+        if self._stalls is not None:  # a rank whose script ended waits in its exit handlers
+            running = {rank: pid for rank, pid in self._running_ranks(group).items()
+                       if not self._records[rank].script_ended}
             if self._stalls.due(sorted(running), time.time()):
                 self._send_stacks(running)
         if all(r.exited for r in self._records.values()):
@@ -301,7 +302,7 @@ def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, con
     ``Watch``."""
     ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
     return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop,
-                 on_fault=on_fault).run()
+                 on_fault=on_fault, exits_overdue=reporter.exits_overdue).run()
 
 
 def _remove_stale(spec: ProcessSpec) -> None:

@@ -39,6 +39,10 @@ class Reporter(Protocol):
     def tick(self) -> Optional[Stall]:
         """Called every tick: redraw, and say whether a rank fell behind the others."""
 
+    def exits_overdue(self) -> bool:
+        """Called every tick: whether the job is over but for ranks that stay in their exit
+        handlers past ``--exit-timeout`` (node 0 alone knows every rank's end)."""
+
 
 class StopHook(Protocol):
     """What a stop signal does before the processes are stopped (``launch.StopRequest``)."""
@@ -98,11 +102,15 @@ class Watch:
     def __init__(self, plan: LaunchPlan, source: Watched, group: ProcessGroup,
                  tick: Callable[[], Optional[Stall]] = lambda: None,
                  interval: float = _TICK, on_stop: Optional[StopHook] = None,
-                 on_fault: Optional[FaultHook] = None) -> None:
+                 on_fault: Optional[FaultHook] = None,
+                 exits_overdue: Callable[[], bool] = lambda: False) -> None:
         self._plan = plan
         self._source = source
         self._group = group
         self._tick = tick
+        self._exits_overdue = exits_overdue
+        """Whether the job is over but for ranks stuck in their exit handlers: it succeeded,
+        and closing the group stops them (``Reporter.exits_overdue``)."""
         self._interval = interval
         """Seconds between two checks at most (a stop signal or the source's ``wake`` cuts one
         short)."""
@@ -152,6 +160,8 @@ class Watch:
             self._stall = self._tick()
             if self._stall is not None:
                 return Outcome.STALLED
+            if self._exits_overdue():
+                return Outcome.SUCCEEDED
             self._wake.wait(self._interval)
             self._wake.clear()
 

@@ -96,6 +96,9 @@ class _Quiet:
     def tick(self) -> Optional[Stall]:
         return None
 
+    def exits_overdue(self) -> bool:
+        return False
+
 
 def _spec(tmp: Path, name: str, argv: list[str]) -> ProcessSpec:
     return ProcessSpec(role=Role.AGENT, rank=None, host=name, node_rank=0, local_rank=None,

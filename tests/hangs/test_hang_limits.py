@@ -62,6 +62,26 @@ def test_one_rank_saving_or_evaluating_long_after_a_slow_compile_is_no_hang(
     assert_no_job_processes("healthy")
 
 
+def test_a_rank_whose_script_ended_waits_for_the_others_without_a_hang_or_a_stop(
+        weird_tmp: Path) -> None:
+    """Rank 1's script ends after step 2 and its exit handlers wait for rank 0's, as MindSpore's
+    finalisation waits for the cluster, while rank 0 steps on for 3.6 s: longer than the hang
+    limit (2 s) and than ``--exit-timeout`` (1 s). Before, rank 1 was blamed for a hang "while
+    other ranks advanced" (exit 124, and a restart with ``--max-restarts``); the exit limit
+    counts only once every rank's script ended."""
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--job-id", "ended-early", "--log-dir", str(logs),
+                          "--hang-timeout", "2", "--exit-timeout", "1", PACED, "--steps", "20",
+                          "--step-s", "0.2", "--end-rank", "1", "--end-at", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "counted as exited 0" not in result.stderr, result.stderr[-3000:]
+    summary = _summary(logs)
+    assert summary["outcome"] == "succeeded" and summary["stall"] is None
+    ranks = {r["rank"]: r for r in summary["ranks"]}
+    assert {r: ranks[r]["exit_code"] for r in ranks} == {0: 0, 1: 0}, ranks
+    assert_no_job_processes("ended-early")
+
+
 @pytest.mark.mindspore
 def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Path) -> None:
     """With the hook installed (as in every rank), ``save_checkpoint`` (also as the checkpoint

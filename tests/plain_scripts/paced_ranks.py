@@ -12,11 +12,18 @@ save or an evaluation (``section`` KIND) for S seconds before step K, an evaluat
 showing as progress inside it; the others wait inside step K meanwhile.
 ``--fail-rank R --fail-at K``: rank R raises before its step K, in every attempt (a
 deterministic failure). Each step is also reported as the trainer's ``step`` event.
+``--end-rank R --end-at K``: rank R's script ends after its step K while the others go on;
+then every rank's exit handlers, after a clean end, wait until every rank's script has ended, as
+MindSpore's finalisation waits for the cluster. (The rank hook's ``exiting`` comes before them,
+as it comes before MindSpore's: ``parallel.ending.again_after_init`` after "init".)
 """
 import argparse
+import atexit
+import os
+import sys
 import time
 
-from parallel import contract, events
+from parallel import contract, ending, events
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)
@@ -27,8 +34,31 @@ parser.add_argument("--hang-at", type=int, default=-1)
 parser.add_argument("--section", action="append", default=[], metavar="KIND:R:K:S")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--end-rank", type=int, default=-1)
+parser.add_argument("--end-at", type=int, default=-1)
 args = parser.parse_args()
-rank = contract.RankIdentity.from_environ(__import__("os").environ).rank
+identity = contract.RankIdentity.from_environ(os.environ)
+rank = identity.rank
+marks = os.path.join(os.environ["NPU_LAUNCH_LOG_DIR"], "ended")
+ended = False
+
+
+def end_script() -> None:
+    global ended
+    if args.end_rank >= 0:
+        os.makedirs(marks, exist_ok=True)
+        open(os.path.join(marks, str(rank)), "w").close()
+    ended = True
+    print(f"rank {rank} done after {count} steps", flush=True)
+    sys.exit(0)
+
+
+def wait_for_every_rank() -> None:
+    while ended and args.end_rank >= 0 and len(os.listdir(marks)) < identity.world_size:
+        time.sleep(0.05)
+
+
+atexit.register(wait_for_every_rank)  # before "init", as MindSpore registers its finalisation
 sections_at = {int(at): (kind, int(who), float(seconds))
                for kind, who, at, seconds in (item.split(":") for item in args.section)}
 sections = 0
@@ -40,6 +70,7 @@ def progress(count: int, busy: bool = False, section: str = "") -> None:
 
 
 events.emit(contract.EVENT_INITIALISED, exec_mode="graph")
+ending.again_after_init()
 time.sleep(args.compile_s)
 count = 0
 for step in range(args.steps):
@@ -66,4 +97,6 @@ for step in range(args.steps):
     count += 1
     progress(count)
     events.emit(contract.EVENT_STEP, step=count, epoch=0)
-print(f"rank {rank} done after {count} steps", flush=True)
+    if rank == args.end_rank and step == args.end_at:
+        end_script()
+end_script()

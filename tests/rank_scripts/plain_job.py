@@ -10,6 +10,9 @@ step an all-reduce of one number through rank 0, so a rank that stops stops the 
 --fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.
 --segfault-at-exit R: rank R reads address 0 as the interpreter tears down, after its exit
 handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.
+--linger-at-exit R: rank R's exit handlers never return after its script ends (MindSpore's
+finalisation waiting on a cluster that is gone): registered before init as MindSpore registers
+its own, the rank hook's ``exiting`` coming before them as after ``init()``.
 --hang-before-init R: rank R sleeps before init.
 --linger-after-raise S: the failing rank takes S seconds to exit after its exception is
 reported (MindSpore's finalisation takes about one): the report alone must end the job.
@@ -37,6 +40,7 @@ import struct
 import sys
 import time
 
+from parallel import ending
 from parallel.events import emit
 
 parser = argparse.ArgumentParser()
@@ -45,6 +49,7 @@ parser.add_argument("--segfault-rank", type=int, default=-1)
 parser.add_argument("--segfault-at-exit", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=None)
 parser.add_argument("--linger-after-raise", type=float, default=0)
+parser.add_argument("--linger-at-exit", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
 parser.add_argument("--sleep-in-first-run-only", action="store_true")
@@ -117,6 +122,8 @@ def all_reduce(peers: list, value: float) -> float:
 
 
 step_count = 0
+if rank == args.linger_at_exit:
+    atexit.register(time.sleep, 3600)
 if rank == args.ignore_sigterm:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if rank == args.hang_before_init:
@@ -126,6 +133,7 @@ if os.environ.get("NPU_LAUNCH_HOST") == args.fail_init_on_host:
     raise RuntimeError(f"init failed on host {args.fail_init_on_host}")
 peers = init()
 emit("initialised", exec_mode="graph")
+ending.again_after_init()  # as the rank hook does once init() returns
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.fail_rank:
     atexit.register(time.sleep, args.linger_after_raise)  # runs after the report is written

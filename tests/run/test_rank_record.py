@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, cast
 
-from launcher.attempt import Attempt
+from launcher.attempt import Attempt, lingering
 from launcher.config.devices import DeviceKind
 from launcher.config.launch_config import ConsoleFilter
 from launcher.hangs.hang_limits import Limits
@@ -281,3 +281,35 @@ def test_only_a_fault_after_a_clean_end_is_a_crash_in_the_teardown() -> None:
     record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": True}))
     assert [crash(code) for code in (-11, -6, -7, -9, -15, 0, 1, 139, None)] == [
         "SIGSEGV", "SIGABRT", "SIGBUS", None, None, None, None, None, None]
+
+
+def _ended(clean: Optional[bool], at: float, exit_code: Optional[int] = None) -> RankRecord:
+    """A record whose script ended at ``at`` (``exiting``, clean or not; None: no ``exiting``)
+    and, with ``exit_code``, whose process then exited."""
+    record = RankRecord()
+    if clean is not None:
+        record.observe(event("exiting", 0, at, clean=clean), at)
+    if exit_code is not None:
+        record.observe(event("exited", 0, at + 0.5, returncode=exit_code), at + 0.5)
+    return record
+
+
+def test_ranks_are_lingering_only_once_every_script_ended_well_the_limit_ago() -> None:
+    ended, gone = _ended(True, 10.0), _ended(True, 12.0, exit_code=0)
+    assert lingering({0: ended, 1: gone}, 13.0, 2.0) == (), "the last end was 12: 1 s ago"
+    assert lingering({0: ended, 1: gone}, 14.5, 2.0) == (0,), "rank 1 exited: not lingering"
+    assert lingering({0: ended, 1: RankRecord()}, 99.0, 2.0) == (), "rank 1's script runs"
+    assert lingering({0: ended, 1: _ended(False, 10.0)}, 99.0, 2.0) == (), "a failure's to tell"
+    assert lingering({0: ended, 1: None}, 99.0, 2.0) == (), "a rank not seen at all"
+    quiet = _ended(None, 10.0, exit_code=0)  # no hook: its exit is its end
+    assert lingering({0: ended, 1: quiet}, 99.0, 2.0) == (0,)
+    crashed = _ended(None, 10.0, exit_code=-11)
+    assert lingering({0: ended, 1: crashed}, 99.0, 2.0) == ()
+
+
+def test_a_rank_whose_script_ended_is_not_judged_for_a_hang(tmp_path: Path) -> None:
+    clock = Clock()
+    early = life(1)[:-1] + [event("exiting", 1, 18.5, clean=True)]
+    monitor, _ = fed(tmp_path, clock, [*life(0), *early])
+    states = {s.rank: s for s in monitor.rank_states()}
+    assert states[1].done and not states[0].done

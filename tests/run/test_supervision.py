@@ -147,6 +147,25 @@ def test_a_crash_after_a_clean_end_counts_as_finished_and_says_so(weird_tmp: Pat
     assert_no_job_processes(job)
 
 
+def test_a_rank_stuck_in_its_exit_handlers_after_every_script_ended_is_stopped_as_done(
+        weird_tmp: Path) -> None:
+    """Training done, checkpoints saved, and a rank that never leaves its exit handlers (as
+    MindSpore's finalisation can, waiting on a cluster that is gone): before, the job held its
+    cards until someone killed it; now ``--exit-timeout`` after every rank's script ended
+    cleanly npu-launch stops it, and the job succeeds with one line that says so."""
+    job = "linger"
+    proc = _launch(weird_tmp, job, "--linger-at-exit", "1", extra=("--exit-timeout", "1"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert len(set(checksums(out).values())) == 1, out
+    assert (f"npu-launch: counted as exited 0: rank 1 on {socket.gethostname()}: still in its "
+            "exit handlers 1 s after every rank's script ended cleanly, stopped "
+            "(--exit-timeout 1; 0 waits without a limit)") in err, err
+    summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
+    assert (summary["outcome"], summary["root_cause"]) == ("succeeded", None)
+    assert_no_job_processes(job)
+
+
 def test_the_processes_a_rank_starts_run_unhooked_and_are_not_the_rank(weird_tmp: Path) -> None:
     """A rank's Python subprocess, its spawn pool (and the pool's resource tracker) run: before,
     the rank hook in them took the rank for their parent, found it was not npu-launch, and

@@ -3,7 +3,8 @@
 What every job relies on, whatever runs it: the source is started once, checked until it says
 how the job ends, told before the processes are closed and after; the group is closed in a
 ``finally`` with ``--kill-timeout`` even when the source fails; a stop request ends the job as
-interrupted with 128+signal; a stall from the tick ends it as a hang (124).
+interrupted with 128+signal; a stall from the tick ends it as a hang (124); ranks overdue in
+their exit handlers end it as a success, closing the group stops them.
 """
 from __future__ import annotations
 
@@ -138,3 +139,15 @@ def test_a_stall_from_the_tick_ends_the_job_as_a_hang() -> None:
     assert (result.outcome, result.exit_code) == (Outcome.STALLED, HANG_EXIT_CODE)
     assert "rank 1 on h stalled at step 4" in result.message
     assert source.calls[-1] == "after_close" and "before_close stalled" in source.calls
+
+
+def test_ranks_overdue_in_their_exit_handlers_end_the_job_as_a_success() -> None:
+    overdue = iter([False, False, True])
+    source = FakeSource(None)
+    group = FakeGroup()
+    watch = Watch(_plan(), source, group, exits_overdue=lambda: next(overdue),  # type: ignore[arg-type]
+                  interval=0.001)
+    result = watch.run()
+    assert (result.outcome, result.exit_code, result.message) == (Outcome.SUCCEEDED, 0, "all done")
+    assert source.calls.count("check") == 3 and "before_close succeeded" in source.calls
+    assert group.closed_with == [7.5], "closing the group stops the ranks still there"
