@@ -26,6 +26,7 @@ import pytest
 from _pytest.mark.expression import Expression
 from hypothesis import strategies as st
 
+from launcher.run.strays import GUARDIAN_OF
 from parallel import contract
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
 
@@ -154,13 +155,13 @@ def _of_another_worker(proc: psutil.Process) -> bool:
     return theirs is not None and theirs != os.environ.get(_WORKER)
 
 
-def job_pids(job_id: str) -> list[int]:
-    """Processes of this test run's worker whose environment carries
-    ``NPU_LAUNCH_JOB_ID=job_id``."""
+def job_pids(job_id: str, variable: str = contract.JOB_ID) -> list[int]:
+    """Processes of this test run's worker whose environment carries ``variable=job_id``
+    (``NPU_LAUNCH_JOB_ID``: the job's own processes)."""
     pids = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("NPU_LAUNCH_JOB_ID") == job_id and proc.status() != "zombie" \
+            if proc.environ().get(variable) == job_id and proc.status() != "zombie" \
                     and not _of_another_worker(proc):
                 pids.append(proc.pid)
         except psutil.Error:
@@ -188,9 +189,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+def guardian_pids(job_id: str) -> list[int]:
+    """This test run's guardians of the job (``launcher.run.strays.Guardian``)."""
+    return job_pids(job_id, GUARDIAN_OF)
+
+
 def assert_no_job_processes(job_id: str, pids: tuple[int, ...] = ()) -> None:
-    """Nothing of the job runs: neither by job id nor any pid seen while it ran."""
-    left = job_pids(job_id)
+    """Nothing of the job runs: neither by job id nor any pid seen while it ran, nor the job's
+    guardian."""
+    left = job_pids(job_id) + guardian_pids(job_id)
     running = [p for p in pids if alive(p) and not _another_workers_pid(p)]
     assert not left and not running, \
         f"job {job_id} left processes: {[_described(p) for p in left or running]}"

@@ -4,7 +4,8 @@ Each process runs in its own session, so ``os.killpg`` reaches whatever it start
 is idempotent: SIGTERM to every group still alive, wait to a deadline, SIGKILL the rest, reap, and
 finally kill any stray process that still carries this launch's token and node rank in its
 environment (a grandchild that called ``setsid``). It never matches processes by command name or
-by the user-visible job id: either could belong to another job.
+by the user-visible job id: either could belong to another job. A node's group also starts the
+launch's guardian (``strays.Guardian``), which does that sweep if this launcher dies unclosed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import psutil
 from launcher.plan.launch_plan import ProcessSpec
 from launcher.run.output import LineSink, Pump
 from launcher.run.stdin_feed import StdinFeed
+from launcher.run.strays import Guardian, kill_job_strays
 from parallel import contract
 
 _POLL_INTERVAL = 0.02
@@ -53,6 +55,7 @@ class ProcessGroup:
         self._feeds: dict[str, StdinFeed] = {}
         self.pids: dict[str, int] = {}
         self._closed = False
+        self._guardian: Optional[Guardian] = None
 
     def start(self, spec: ProcessSpec, on_line: Optional[LineSink],
               stdin_data: Optional[bytes] = None) -> int:
@@ -63,6 +66,7 @@ class ProcessGroup:
         The pipe is written from a thread of its own (``StdinFeed``): this returns at once.
         """
         env = self._env(spec)
+        self._guard(env)
         read_end, write_end = os.pipe()
         stdin_read, stdin_write = os.pipe() if stdin_data is not None else (None, None)
         try:
@@ -90,10 +94,18 @@ class ProcessGroup:
 
     def start_foreground(self, spec: ProcessSpec) -> int:
         """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
+        self._guard(self._env(spec))
         proc = subprocess.Popen(list(spec.command), env=self._env(spec), cwd=self._workdir)
         self._running[spec.label] = (spec, proc)
         self.pids[spec.label] = proc.pid
         return proc.pid
+
+    def _guard(self, env: Mapping[str, str]) -> None:
+        """Start this node's guardian with the first process (a node's group: node 0's group
+        of agents has no node rank, and each agent guards its own host)."""
+        if self._guardian is None and self._node_rank is not None and self._token \
+                and not self._closed:
+            self._guardian = Guardian(self._token, self._node_rank, env.get(contract.JOB_ID, ""))
 
     def _env(self, spec: ProcessSpec) -> dict[str, str]:
         """``spec``'s environment: this launcher as its parent, and no rank's pid inherited (a
@@ -142,6 +154,8 @@ class ProcessGroup:
         if self._node_rank is not None and self._token:
             # Gone, not only signalled: a stray dying as the launcher exits is still running.
             psutil.wait_procs(kill_job_strays(self._token, self._node_rank), timeout=5.0)
+        if self._guardian is not None:
+            self._guardian.dismiss()
         for pump in self._pumps.values():
             pump.join(1.0)
         return ended
@@ -198,36 +212,3 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def kill_job_strays(token: str, node_rank: int) -> list[psutil.Process]:
-    """SIGKILL every process whose environment carries this launch's ``token`` and node rank;
-    the ones signalled.
-
-    The node rank matters where several "hosts" share one process table (containers, network
-    namespaces): each node agent must sweep only its own node's processes.
-    """
-    killed = []
-    for proc in job_processes(token, node_rank):
-        try:
-            proc.kill()
-            killed.append(proc)
-        except psutil.Error:
-            pass
-    return killed
-
-
-def job_processes(token: str, node_rank: int) -> list[psutil.Process]:
-    """Processes (not this one) whose environment has this launch's token and node rank."""
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        try:
-            env = proc.environ()
-            if env.get(contract.TOKEN) == token and env.get(contract.NODE_RANK) == str(node_rank):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-WATCHED = ("NPU_LAUNCH_JOB_ID", "RANK_ID", "MS_ROLE", "PROBE_MARK")
+WATCHED = ("NPU_LAUNCH_JOB_ID", "NPU_LAUNCH_GUARDIAN_OF", "RANK_ID", "MS_ROLE", "PROBE_MARK")
 
 
 def processes() -> list:

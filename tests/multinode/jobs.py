@@ -87,9 +87,13 @@ def job_pids(cluster: Cluster, job_id: str) -> set[tuple[str, int]]:
 
 
 def assert_no_job_processes(cluster: Cluster, job_id: str) -> None:
-    """No host runs anything of the job (each host's own process table says so)."""
+    """No host runs anything of the job, its agents' guardians included (each host's own
+    process table says so)."""
     left = {host: [f"{p['pid']} {' '.join(p['cmdline'])[:120]}" for p in procs]
-            for host, procs in job_processes(cluster, job_id).items() if procs}
+            for host in cluster.names
+            if (procs := [p for p in cluster.processes(host)
+                          if job_id in (p["env"].get("NPU_LAUNCH_JOB_ID"),
+                                        p["env"].get("NPU_LAUNCH_GUARDIAN_OF"))])}
     assert not left, f"job {job_id} left processes: {left}"
 
 

@@ -13,6 +13,8 @@ handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --
 --linger-at-exit R: rank R's exit handlers never return after its script ends (MindSpore's
 finalisation waiting on a cluster that is gone): registered before init as MindSpore registers
 its own, the rank hook's ``exiting`` coming before them as after ``init()``.
+--child R: rank R starts a process of its own after init (``sleep 3600``, not a rank: it
+carries the job's environment, without the rank hook's parent-death signal).
 --hang-before-init R: rank R sleeps before init.
 --linger-after-raise S: the failing rank takes S seconds to exit after its exception is
 reported (MindSpore's finalisation takes about one): the report alone must end the job.
@@ -50,6 +52,7 @@ parser.add_argument("--segfault-at-exit", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=None)
 parser.add_argument("--linger-after-raise", type=float, default=0)
 parser.add_argument("--linger-at-exit", type=int, default=-1)
+parser.add_argument("--child", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
 parser.add_argument("--sleep-in-first-run-only", action="store_true")
@@ -135,6 +138,10 @@ peers = init()
 emit("initialised", exec_mode="graph")
 ending.again_after_init()  # as the rank hook does once init() returns
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
+if rank == args.child:
+    import subprocess
+
+    subprocess.Popen(["sleep", "3600"])
 if rank == args.fail_rank:
     atexit.register(time.sleep, args.linger_after_raise)  # runs after the report is written
     raise ValueError(f"boom on rank {rank}")

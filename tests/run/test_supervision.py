@@ -24,6 +24,7 @@ from helpers import (
     alive,
     assert_no_job_processes,
     checksums,
+    guardian_pids,
     initialised,
     job_pids,
     run_launcher,
@@ -219,10 +220,18 @@ def test_signal_to_launcher_stops_everything(weird_tmp: Path, sig, code) -> None
 
 
 def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
-    proc = _launch(weird_tmp, "orphan-job", "--sleep-after-init", "3600")
-    wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
-    seen = tuple(job_pids("orphan-job"))
-    proc.kill()
+    """The ranks die with the launcher (their parent-death signal), and so does what they
+    started: rank 1's ``sleep`` is ended by the launch's guardian, which then exits. Before the
+    guardian, the ``sleep`` ran on after the job."""
+    proc = _launch(weird_tmp, "orphan-job", "--sleep-after-init", "3600", "--child", "1")
+    try:
+        wait_for(lambda: initialised(weird_tmp / "logs", range(2)), "both ranks initialised")
+        wait_for(lambda: len(job_pids("orphan-job")) == 3, "the ranks and rank 1's own process")
+        guardians = guardian_pids("orphan-job")
+        assert len(guardians) == 1, "one guardian for the one node"
+        seen = (*job_pids("orphan-job"), *guardians)
+    finally:
+        proc.kill()
     proc.communicate(timeout=60)
     gone = lambda: not job_pids("orphan-job") and not any(alive(p) for p in seen)  # noqa: E731
     wait_for(gone, "ranks to follow their dead launcher", 60)
