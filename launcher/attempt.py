@@ -110,6 +110,11 @@ class Attempt:
         return self.monitor.ranks_where(lambda r: r.exited)
 
     @property
+    def saving(self) -> set[int]:
+        """The ranks that save a step asked of them on a stop (``saves_on_stop``)."""
+        return self.monitor.ranks_where(lambda r: bool(r.saves_on_stop))
+
+    @property
     def savers(self) -> set[int]:
         """The ranks that save last words when asked: the trainer's with a checkpoint folder
         (``saves_on_stop``), not ``Model.train``'s, which save on a stop only."""
@@ -141,8 +146,7 @@ class Attempt:
         saves: past the newest step reported, by the steps between two reports and by a
         second's worth of steps (events arrive late), plus one."""
         said = self.monitor.ranks_where(lambda r: r.saves_on_stop is not None)
-        saving = self.monitor.ranks_where(lambda r: bool(r.saves_on_stop))
-        if not ranks or not set(ranks) <= said or not saving & set(ranks):
+        if not ranks or not set(ranks) <= said or not self.saving & set(ranks):
             return None
         steps = [r.step for rank in ranks if (r := self.monitor.record(rank)) and r.step is not None]
         (t0, s0), (t1, s1) = self.step_times[0], self.step_times[-1]

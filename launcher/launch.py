@@ -30,7 +30,7 @@ from launcher.cluster.node_agents import run_agents
 from launcher.cluster.payload import serving
 from launcher.config.frameworks import FrameworkNote, mindspore_only
 from launcher.config.launch_config import LaunchConfig
-from launcher.console_lines import RankLines
+from launcher.console_lines import RankLines, runs_text
 from launcher.errors import ConfigError
 from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stalls import HangCheck
@@ -321,7 +321,8 @@ class StopRequest:
     send: Optional[Callable[[bytes], None]] = None
 
     def __call__(self, signum: int) -> float:
-        step = self.attempt.stop_step([s.rank for s in self.plan.ranks if s.rank is not None])
+        ranks = [s.rank for s in self.plan.ranks if s.rank is not None]
+        step = self.attempt.stop_step(ranks)
         if step is None or self.plan.timeouts.kill <= 0:
             return 0.0
         path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
@@ -333,9 +334,14 @@ class StopRequest:
         if self.send is not None:
             self.send(control.save_line(step))
         if self.err is not None:
-            self.err.write(f"npu-launch: {signal.Signals(signum).name}: every rank saves step "
-                           f"{step} and stops (--kill-timeout {self.plan.timeouts.kill:g} s; "
-                           "again to stop at once)\n")
+            savers = sorted(self.attempt.saving & set(ranks))
+            who = ("every rank saves" if len(savers) == len(ranks) else
+                   f"rank {runs_text(savers)} saves" if len(savers) == 1 else
+                   f"ranks {runs_text(savers)} save")
+            stops = "stops" if len(savers) == len(ranks) else "every rank stops there"
+            self.err.write(f"npu-launch: {signal.Signals(signum).name}: {who} step {step} and "
+                           f"{stops} (--kill-timeout {self.plan.timeouts.kill:g} s; again to "
+                           "stop at once)\n")
             self.err.flush()
         return self.plan.timeouts.kill
 

@@ -2,10 +2,11 @@
 save with its ``ModelCheckpoint``, without a line of them changed (the rank hook wraps both).
 
 While a ``train`` runs under npu-launch, a callback after the script's own reports each step (a
-``step`` event when the first step ends, then at most twice a second; ``saves_on_stop``: whether
-the call has a ``ModelCheckpoint``; ``last_words`` false) and looks once a step for npu-launch's
-stop request (``contract.STOP_REQUEST_FILE``), which node 0 writes when at least one rank saves
-and every rank said whether it does. At the step named there, or past it, every
+``step`` event with the step's loss when the first step ends, then at most twice a second;
+``saves_on_stop``: whether the call has a ``ModelCheckpoint``; ``last_words`` false) and looks
+once a step for npu-launch's stop request (``contract.STOP_REQUEST_FILE``), which node 0
+writes when at least one rank saves and every rank said whether it does. At the step named
+there, or past it, every
 ``ModelCheckpoint`` of the call saves the step through its own ``end``: in its directory, under
 the name its periodic saves take (``PREFIX-EPOCH_STEP.ckpt``), with what they hold; then the rank
 exits 0. A rank without one stops at the same step (a data-parallel script often saves on rank 0
@@ -20,9 +21,10 @@ Nothing here imports MindSpore: ``Model.train``'s module has loaded it when this
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from parallel import contract, events, preemption
 
@@ -95,6 +97,21 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
             self.reported = now
             said = {"log_every": 1, "saves_on_stop": bool(savers), "last_words": False} \
                 if first else {}
-            events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num), **said)
+            loss = _loss(getattr(params, "net_outputs", None))
+            events.emit(contract.EVENT_STEP, step=step, epoch=int(params.cur_epoch_num),
+                        **({"loss": loss} if loss is not None else {}), **said)
 
     return StopAndSave()
+
+
+def _loss(outputs: Any) -> Optional[float]:
+    """The step's loss from what the train network returned: a scalar, or the first of a tuple
+    (a loss-scaling cell's ``(loss, overflow, scale)``); None when it is not one number."""
+    if isinstance(outputs, (tuple, list)):
+        outputs = outputs[0] if outputs else None
+    try:
+        value = outputs.asnumpy() if hasattr(outputs, "asnumpy") else outputs
+        loss = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return loss if math.isfinite(loss) else None

@@ -139,10 +139,11 @@ def test_a_rank_signalled_itself_waits_for_the_launchers_word(
         assert proc.returncode == 0 and out == "went on\n", (proc.returncode, out)
 
 
-def _preempted(argv: tuple[str, ...], logs: Path, far_enough: Callable[[], bool]) -> int:
+def _preempted(argv: tuple[str, ...], logs: Path, far_enough: Callable[[], bool],
+               said: str = r"every rank saves step (\d+) and stops") -> int:
     """Run npu-launch with ``argv`` until ``far_enough``, then SIGTERM it and every rank at once,
-    as Slurm's preemption signals every process of the job; the step it asked every rank to save
-    (it exits 143)."""
+    as Slurm's preemption signals every process of the job; the step it asked the ranks to save
+    and stop at, as its line ``said`` names it (it exits 143)."""
     proc = subprocess.Popen(npu_launch_argv(*argv), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -154,7 +155,7 @@ def _preempted(argv: tuple[str, ...], logs: Path, far_enough: Callable[[], bool]
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    asked = re.search(r"npu-launch: SIGTERM: every rank saves step (\d+) and stops", err)
+    asked = re.search(rf"npu-launch: SIGTERM: {said} \(--kill-timeout", err)
     assert asked, err[-3000:]
     return int(asked.group(1))
 
@@ -177,7 +178,8 @@ def test_sigterm_to_a_model_train_script_saves_through_its_own_model_checkpoint(
             str(ckpt), "--steps", "60", "--step-time", "0.2")
     rank_log = logs / "rank_0.log"
     step = _preempted(argv, logs,
-                      lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8)
+                      lambda: rank_log.exists() and len(_params(rank_log.read_text())) >= 8,
+                      r"rank 0 saves step (\d+) and every rank stops there")
     first = [(logs / f"rank_{rank}.log").read_text() for rank in (0, 1)]
     assert f"npu-launch: rank 0 saved step {step} (" in first[0], first[0][-2000:]
     assert f"npu-launch: rank 1 stops at step {step}, as asked" in first[1], first[1][-2000:]
