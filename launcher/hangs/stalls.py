@@ -100,11 +100,22 @@ class Stall:
     count: int = 0
     """The stalled rank's progress count (the rank hook's counted calls and batches): where a
     script sends no ``step`` events (torch, a plain loop), how far it got."""
+    left: bool = False
+    """``rank`` did not hang: its script ended while the others wait inside a step for it (it
+    left the job's collectives early: fewer batches than its peers, a loop that ends early)."""
 
 
 def describe_stall(stall: Stall, job_id: str) -> str:
     """The block printed when the job is stopped because of ``stall``."""
-    if stall.others_advanced:
+    if stall.left:
+        window = f"{stall.silent_for:.0f} s" + (f" ({stall.limit})" if stall.limit else "")
+        names = ", ".join(f"rank {r}" for r in (stall.rank, *stall.also))
+        after = f" after step {stall.last_step}" if stall.last_step is not None else ""
+        where = f" in {stall.framework}" if stall.framework else ""
+        head = (f"npu-launch: job {job_id} stopped: rank(s) {_ranks(stall.waiting)} wait{where} "
+                f"with no progress for {window}, but {names} on {stall.host} ended its script"
+                f"{after}: it left the job's collectives early (fewer batches than its peers?)")
+    elif stall.others_advanced:
         where = (f"at step {stall.last_step}" if stall.last_step is not None
                  else f"after {stall.count} counted calls" if stall.count
                  else "before its first step")
@@ -254,11 +265,24 @@ class HangCheck:
                 and now - self._due < _EVIDENCE_WAIT:
             return None
         stall = judge(live, fresh, now, self.limits)
+        ended = [s for s in states if s.progress.script_ended]
+        if stall.rank is None and stall.waiting and ended:
+            return left_early(stall, ended)
         if stall.rank is None and not stall.waiting:
             # Nobody waits inside a framework, so nobody waits on anybody: look again later.
             self._due, self._next_check = None, now + self.limits.quiet
             return None
         return stall
+
+
+def left_early(stall: Stall, ended: Sequence[Progress]) -> Stall:
+    """Every rank still in the job waits inside a step, none stands out, and ``ended`` ranks'
+    scripts have ended: the first of them to end is the cause (the others wait for its share of
+    a collective it will never join)."""
+    first, *more = sorted(ended, key=lambda s: (s.progress.script_ended_at or 0.0, s.rank))
+    return dataclasses.replace(stall, rank=first.rank, host=first.host, last_step=first.step,
+                               also=tuple(s.rank for s in more), left=True,
+                               count=first.progress.count)
 
 
 def stalled_before(states: Iterable[Progress], failed: int, at: float) -> Optional[Stall]:

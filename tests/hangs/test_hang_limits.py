@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,12 +83,29 @@ def test_a_rank_whose_script_ended_waits_for_the_others_without_a_hang_or_a_stop
     assert_no_job_processes("ended-early")
 
 
+def test_a_rank_that_left_the_collectives_early_is_named_as_the_cause(weird_tmp: Path) -> None:
+    """Uneven data: rank 1's script ends after its third step while rank 0 waits inside its
+    fifth for rank 1's share. The block names rank 1 and why, not "every rank waits"."""
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--job-id", "left-early", "--log-dir", str(logs),
+                          "--hang-timeout", "2", PACED, "--steps", "20", "--step-s", "0.1",
+                          "--end-rank", "1", "--end-at", "2", "--hang-rank", "1", "--hang-at", "4")
+    assert result.returncode == HANG_EXIT_CODE, result.stderr[-3000:]
+    assert ("wait with no progress for 2 s (--hang-timeout 2), but rank 1 on "
+            f"{socket.gethostname()} ended its script after step 3: it left the job's collectives "
+            "early") in result.stderr, result.stderr[-3000:]
+    summary = _summary(logs)
+    assert summary["root_cause"]["rank"] == 1 and summary["stall"]["left"] is True
+    assert_no_job_processes("left-early")
+
+
 @pytest.mark.mindspore
 def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Path) -> None:
     """With the hook installed (as in every rank), ``save_checkpoint`` (also as the checkpoint
     callback and ``mindspore`` bind it) and ``Model.eval`` are sections; a real save shows as
     one in the rank's progress events. Then ``Model.fit`` with a ``ModelCheckpoint`` (``train``'s
-    save on a stop is ``ranks/test_preemption.py``'s, over two ranks) reports its steps and, with
+    save on a stop is ``ranks/test_preemption.py``'s, over two ranks) reports its steps with their
+    loss and, with
     npu-launch's word for step 3 already there, saves that step through the ``ModelCheckpoint``
     and exits 0."""
     events, ckpt = tmp_path / "events.jsonl", tmp_path / "ckpt"
@@ -123,6 +141,7 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
     steps = [r for r in records if r["event"] == "step"]
     assert steps[0]["step"] == 1 and steps[0]["saves_on_stop"] is True, steps
     assert steps[0]["last_words"] is False, "it saves on a stop, not last words"
+    assert isinstance(steps[0]["loss"], float) and steps[0]["loss"] > 0, steps[0]
 
 
 def test_a_deterministic_failure_stops_after_two_attempts_with_its_own_exit_code(

@@ -36,7 +36,7 @@ class State:
 
     @property
     def done(self) -> bool:
-        return self.finished or self.exited
+        return self.finished or self.exited or self.progress.script_ended
 
 
 def see(state: State, kind: str, at: float, **fields) -> None:
@@ -153,6 +153,27 @@ def test_ranks_that_all_wait_outside_mindspore_are_left_alone() -> None:
     check.sample(StackSample(1, IN_MINDSPORE))
     stall = check()
     assert stall is not None and (stall.rank, stall.waiting) == (None, (0, 1))
+
+
+def test_a_rank_whose_script_ended_while_the_others_wait_in_a_step_is_the_cause() -> None:
+    """Rank 1 ran out of batches and ended its script after step 5 (it waits in its exit
+    handlers, or is gone); rank 0 waits inside step 6's all-reduce for its share. Nobody hangs
+    in the usual sense: the block names the rank that left, not "every rank waits"."""
+    now = [16.0]
+    states = stepping(2, until=5.0)
+    states[1].step = 5
+    see(states[1], contract.EVENT_EXITING, 5.1, clean=True)
+    see(states[0], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    assert check() is None, "awaiting rank 0's stack"
+    check.sample(StackSample(0, IN_MINDSPORE))
+    now[0] = 16.1
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting, stall.left) == (1, (0,), True)
+    head = describe_stall(stall, "j").splitlines()[0]
+    assert head == ("npu-launch: job j stopped: rank(s) 0 wait in MindSpore with no progress "
+                    "for 11 s (--hang-timeout 10), but rank 1 on host1 ended its script after step 5: "
+                    "it left the job's collectives early (fewer batches than its peers?)"), head
 
 
 def test_the_stalled_rank_not_its_timed_out_peer_is_the_cause() -> None:

@@ -104,6 +104,22 @@ def test_rank_killed_on_node_1_ends_the_job_everywhere(ssh_cluster, weird_tmp: P
     assert_no_job_processes(ssh_cluster, job)
 
 
+def test_a_rank_stuck_in_its_exit_handlers_on_node_1_is_stopped_from_node_0(
+        ssh_cluster, weird_tmp: Path) -> None:
+    """Node 0 alone sees every rank's end: once all four scripts ended cleanly and rank 3 on the
+    other host stays in its exit handlers past ``--exit-timeout``, node 0 ends the job as a
+    success and the agent there stops it; nothing is left on either host, guardians included."""
+    job = "mn-linger"
+    script, _ = _job(ssh_cluster, weird_tmp)
+    done = run_on_node0(ssh_cluster, _args(ssh_cluster, weird_tmp, job, "--exit-timeout", "1",
+                                           str(script), "--linger-at-exit", "3"), cwd=weird_tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(set(checksums(done.stdout).values())) == 1, done.stdout[-2000:]
+    assert (f"npu-launch: counted as exited 0: rank 3 on {ssh_cluster.names[1]}: still in its "
+            "exit handlers 1 s after every rank's script ended cleanly") in done.stderr
+    assert_no_job_processes(ssh_cluster, job)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_on_node_0_leaves_nothing_on_any_node(ssh_cluster, weird_tmp: Path, sig,
                                                       code) -> None:
