@@ -10,9 +10,10 @@ A launcher killed by SIGKILL (or the OOM killer) closes nothing: its ranks die w
 hook's parent-death signal), but what they started (a helper server, a ``subprocess`` of the
 script, a data worker that does not watch its parent) would run on. So each node's group starts
 a ``Guardian`` with its first process: a small process in a session of its own, reading a pipe
-whose other end only the launcher holds. The launcher dismisses it once its group is closed; if
-the pipe ends without that word, the launcher died, and the guardian sweeps the launch's
-processes on this node, twice, then exits.
+whose other end only the launcher holds. The launcher kills it once its group is closed and
+swept (its job is done then, and nothing waits on it); if the pipe ends first, the launcher
+died, and the guardian sweeps the launch's processes on this node, three times, then exits. It
+imports nothing until it sweeps: it starts beside the ranks, whose start it must not slow.
 """
 from __future__ import annotations
 
@@ -20,28 +21,28 @@ import os
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import psutil
-
-from parallel import contract
+if TYPE_CHECKING:
+    import psutil
 
 GUARDIAN_OF = "NPU_LAUNCH_GUARDIAN_OF"
 """The guardian's environment names the job it guards (not ``contract.JOB_ID``: it is none of
 the job's processes), for whoever checks that a job left nothing behind."""
-_DISMISSED = b"d"
 _SWEEPS = 3
 """Sweeps after the launcher died: a process forking as the first one ran is caught by the next."""
 _SWEEP_GAP = 0.2
 
 
-def kill_job_strays(token: str, node_rank: int) -> list[psutil.Process]:
+def kill_job_strays(token: str, node_rank: int) -> "list[psutil.Process]":
     """SIGKILL every process whose environment carries this launch's ``token`` and node rank;
     the ones signalled.
 
     The node rank matters where several "hosts" share one process table (containers, network
     namespaces): each node agent must sweep only its own node's processes.
     """
+    import psutil
+
     killed = []
     for proc in job_processes(token, node_rank):
         try:
@@ -52,8 +53,12 @@ def kill_job_strays(token: str, node_rank: int) -> list[psutil.Process]:
     return killed
 
 
-def job_processes(token: str, node_rank: int) -> list[psutil.Process]:
+def job_processes(token: str, node_rank: int) -> "list[psutil.Process]":
     """Processes (not this one) whose environment has this launch's token and node rank."""
+    import psutil
+
+    from parallel import contract
+
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -72,6 +77,8 @@ class Guardian:
     """The launcher's end of one node's guardian (see the module's docstring)."""
 
     def __init__(self, token: str, node_rank: int, job_id: str) -> None:
+        from parallel import contract
+
         read_end, self._pipe = os.pipe()  # neither end is inherited by the ranks
         env = {k: v for k, v in os.environ.items() if k != contract.TOKEN}  # not its own prey
         tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,32 +95,28 @@ class Guardian:
             os.close(read_end)
 
     def dismiss(self) -> None:
-        """The group is closed: the guardian exits without a sweep."""
-        try:
-            os.write(self._pipe, _DISMISSED)
-        except OSError:
-            pass
-        os.close(self._pipe)
+        """The group is closed and swept: the guardian is killed before the pipe ends (it would
+        sweep nothing, and nothing should wait for it to start and read)."""
         if self._proc is not None:
-            try:
-                self._proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            self._proc.kill()
+            self._proc.wait()
+        os.close(self._pipe)
 
 
 def main() -> None:
-    """The guardian: wait for the launcher's word or its death, then sweep on the latter."""
+    """The guardian: read whose processes it guards, wait for the pipe to end (the launcher
+    died: a live one kills the guardian first), then sweep."""
     data = b""
     while b"\n" not in data:
         chunk = os.read(0, 256)
         if not chunk:
             return  # the launcher died before it said whose processes: nothing to tell apart
         data += chunk
-    head, rest = data.split(b"\n", 1)
-    token, node_rank = head.decode().split()
-    if (rest or os.read(0, 1)) == _DISMISSED:
-        return
+    token, node_rank = data.split(b"\n", 1)[0].decode().split()
+    while os.read(0, 256):
+        pass
+    import psutil
+
     for _ in range(_SWEEPS):
         psutil.wait_procs(kill_job_strays(token, int(node_rank)), timeout=_SWEEP_GAP)
         time.sleep(_SWEEP_GAP)

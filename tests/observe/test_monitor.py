@@ -318,7 +318,7 @@ def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
         "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "",
-        "limit": "--hang-timeout 30", "framework": "", "count": 0}
+        "limit": "--hang-timeout 30", "framework": "", "count": 0, "left": False}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
