@@ -206,10 +206,9 @@ def lingering(records: Mapping[int, Optional[RankRecord]], now: float,
     """The ranks stuck in their exit handlers: those still running when every rank's script
     ended well (``RankRecord.ended_well``) and the last of them ``limit`` seconds or more before
     ``now``; () while any script runs, failed or is not known to have ended."""
-    ended = [r.script_ended_at for r in records.values() if r is not None and r.ended_well]
-    if not records or len(ended) < len(records) or None in ended:
-        return ()
-    if now - max(t for t in ended if t is not None) < limit:
+    ended = [r.script_ended_at for r in records.values()
+             if r is not None and r.ended_well and r.script_ended_at is not None]
+    if not records or len(ended) < len(records) or now - max(ended) < limit:
         return ()
     return tuple(sorted(rank for rank, r in records.items() if r is not None and not r.exited))
 

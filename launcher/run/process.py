@@ -94,8 +94,9 @@ class ProcessGroup:
 
     def start_foreground(self, spec: ProcessSpec) -> int:
         """Start ``spec`` on this terminal (stdin included) in our process group, for pdb."""
-        self._guard(self._env(spec))
-        proc = subprocess.Popen(list(spec.command), env=self._env(spec), cwd=self._workdir)
+        env = self._env(spec)
+        self._guard(env)
+        proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir)
         self._running[spec.label] = (spec, proc)
         self.pids[spec.label] = proc.pid
         return proc.pid

@@ -16,6 +16,8 @@ from typing import Callable, Optional, Sequence
 
 from helpers import RANK_SCRIPTS, npu_launch_argv
 
+from launcher.run.strays import GUARDIAN_OF
+
 from .cluster import Cluster
 
 _INIT_EVENT = "initialised"
@@ -93,7 +95,7 @@ def assert_no_job_processes(cluster: Cluster, job_id: str) -> None:
             for host in cluster.names
             if (procs := [p for p in cluster.processes(host)
                           if job_id in (p["env"].get("NPU_LAUNCH_JOB_ID"),
-                                        p["env"].get("NPU_LAUNCH_GUARDIAN_OF"))])}
+                                        p["env"].get(GUARDIAN_OF))])}
     assert not left, f"job {job_id} left processes: {left}"
 
 

@@ -156,7 +156,10 @@ def test_a_rank_stuck_in_its_exit_handlers_after_every_script_ended_is_stopped_a
     cleanly npu-launch stops it, and the job succeeds with one line that says so."""
     job = "linger"
     proc = _launch(weird_tmp, job, "--linger-at-exit", "1", extra=("--exit-timeout", "1"))
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # only when the guard ran out: the guardian then ends the ranks
     assert proc.returncode == 0, err
     assert len(set(checksums(out).values())) == 1, out
     assert (f"npu-launch: counted as exited 0: rank 1 on {socket.gethostname()}: still in its "

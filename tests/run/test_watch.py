@@ -143,7 +143,7 @@ def test_a_stall_from_the_tick_ends_the_job_as_a_hang() -> None:
 
 def test_ranks_overdue_in_their_exit_handlers_end_the_job_as_a_success() -> None:
     overdue = iter([False, False, True])
-    source = FakeSource(None)
+    source = FakeSource(Outcome.FAILED, checks=50)  # a loop that ignores the overdue fails
     group = FakeGroup()
     watch = Watch(_plan(), source, group, exits_overdue=lambda: next(overdue),  # type: ignore[arg-type]
                   interval=0.001)
