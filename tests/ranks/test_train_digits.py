@@ -34,7 +34,7 @@ def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
     """Accuracy, the aggregator's files, and every evaluation and the execution mode reaching
     summary.json, metrics.jsonl and the report (one job: the evaluations' own test ran a
     second, shorter copy of it)."""
-    logs, epochs = weird_tmp / "logs", 10
+    logs, epochs = weird_tmp / "logs", 5
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "digits", "--log-dir",
                           str(logs), MAIN, "--epochs", str(epochs))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -103,8 +103,11 @@ def test_debug_runs_the_main_job_in_pynative_and_says_so(weird_tmp: Path) -> Non
     assert_no_job_processes("digits-debug")
 
 
-def test_a_switch_to_pynative_after_init_is_reported_as_what_the_step_ran_in(
+def test_one_card_is_a_cluster_of_one_in_the_foreground_and_its_switch_to_pynative_is_told(
         weird_tmp: Path) -> None:
+    """One card: the rank runs in the foreground (it inherits the terminal: no log file, no
+    prefix) and ``init()`` still forms MindSpore's cluster of one (the scheduler's log); a
+    switch to PyNative after ``init()`` is reported as what the steps ran in."""
     script = weird_tmp / "switch after init.py"
     script.write_text(textwrap.dedent(f"""\
         import sys
@@ -115,11 +118,14 @@ def test_a_switch_to_pynative_after_init_is_reported_as_what_the_step_ran_in(
         trainer, _ = train_digits.build(train_digits.parse_args(["--epochs", "1"]))
         ms.set_context(mode=ms.PYNATIVE_MODE)
         trainer.fit(epochs=1)
+        print("rank 0 switched and trained", flush=True)
         """))
     logs = weird_tmp / "logs"
     result = run_launcher("--device", "cpu", "--cards", "1", "--job-id", "digits-switch",
                           "--log-dir", str(logs), str(script))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "rank 0 switched and trained" in result.stdout.splitlines()
+    assert not (logs / "rank_0.log").exists() and (logs / "scheduler.log").exists()
     assert _modes(logs, 0, "initialised") == ["graph"] and _modes(logs, 0, "layout") == ["graph"]
     assert _modes(logs, 0, "step")[0] == "pynative" and _modes(logs, 0, "finished") == ["pynative"]
     [rank] = json.loads((logs / "summary.json").read_text())["ranks"]

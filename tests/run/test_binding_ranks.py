@@ -1,12 +1,13 @@
 """Real ranks bound to real cores (``--bind-cores``): each rank's affinity is read back from the
 kernel (``/proc/<pid>/status``) while it runs and compared with ``plan.json``; a cpuset made
 for real by starting npu-launch under ``taskset -c 0`` is respected; a MindSpore data-parallel
-job still trains when bound.
+job still trains when bound (and shows that MindSpore's own log lines stay off the console).
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,7 @@ from helpers import (
     checksums,
     job_pids,
     npu_launch_argv,
+    run_launcher,
     wait_for,
     worker_pid,
 )
@@ -157,15 +159,30 @@ def test_a_core_outside_the_cpuset_is_refused_before_anything_starts(weird_tmp: 
     assert not (weird_tmp / "logs").exists() and not job_pids("bind-refused")
 
 
+REPLAY = ("import os, sys\n"
+          "path = sys.argv[1].replace('RANK', os.environ['RANK_ID'])\n"
+          "sys.stdout.write(open(path, encoding='utf-8', errors='replace').read())\n")
+"""A rank that prints again, line for line, what a rank of an earlier job wrote to its log."""
+
+
 @pytest.mark.mindspore
-def test_a_bound_mindspore_job_still_trains(weird_tmp: Path) -> None:
+def test_a_bound_mindspore_job_trains_and_its_runtime_chatter_stays_in_the_logs(
+        weird_tmp: Path) -> None:
     """Two data-parallel MindSpore ranks, each on its own block of cores: the kernel says so
-    while they run, MindSpore's scheduler is left unbound, and they train to the same weights."""
-    logs, job = weird_tmp / "logs", "bind-ms"
+    while they run, MindSpore's scheduler is left unbound, and they train to the same weights.
+
+    The same job shows the console against MindSpore's own lines (one job for both: each is a
+    MindSpore start-up): its INFO/WARNING lines (``[WARNING] DISTRIBUTED(pid,...``, at INFO with
+    ``GLOG_v=1``) reach the rank logs only, and the checksum line both ranks print alike is shown
+    once as [host:0-1]. With ``--runtime-logs --no-merge-lines`` the same real lines, printed
+    again by plain ranks from this job's logs (``REPLAY``: no second MindSpore job), are all
+    shown."""
+    logs, job, host = weird_tmp / "logs", "bind-ms", socket.gethostname()
     argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
                            str(logs), "--bind-cores", "auto", JOB, "--steps", "3",
                            "--sleep-after-init", "2")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "GLOG_v": "1"})
     try:
         wait_for(lambda: all("of 2 up" in _text(logs / f"rank_{r}.log") for r in (0, 1)),
                  "both ranks initialised", timeout=240)
@@ -180,6 +197,23 @@ def test_a_bound_mindspore_job_still_trains(weird_tmp: Path) -> None:
     sums = checksums(out)
     assert len(sums) == 2 and len(set(sums.values())) == 1, out[-2000:]
     assert_no_job_processes(job, seen)
+
+    log = (logs / "rank_0.log").read_text()
+    chatter = [line for line in log.splitlines() if line.startswith(("[INFO] ", "[WARNING] "))]
+    assert chatter, "MindSpore said something at INFO (GLOG_v=1) in the rank's log"
+    assert not any(c in out for c in chatter[:50]), "...and none of it on the console"
+    assert out.count(" checksum ") == 1 and f"[{host}:0-1] checksum " in out, out[-2000:]
+    (weird_tmp / "replay.py").write_text(REPLAY)
+    again = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(weird_tmp / "all"),
+                         "--runtime-logs", "--no-merge-lines", str(weird_tmp / "replay.py"),
+                         str(logs / "rank_RANK.log"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    everything = again.stdout
+    assert any(line.startswith((f"[{host}:0] [INFO] ", f"[{host}:1] [WARNING] ",
+                                f"[{host}:0] [WARNING] ", f"[{host}:1] [INFO] "))
+               for line in everything.splitlines()), "--runtime-logs shows them"
+    assert f"[{host}:0] checksum" in everything and f"[{host}:1] checksum" in everything
+    assert f"[{host}:0] {chatter[0]}" in everything, "line for line"
 
 
 def _text(path: Path) -> str:

@@ -1,13 +1,12 @@
-"""Console and log files: prefixes, whole lines only, carriage-return progress kept."""
+"""Console and log files: prefixes, whole lines only, carriage-return progress kept. (Real
+MindSpore's own log lines kept off the console: ``run/test_binding_ranks.py``'s MindSpore job.)"""
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
 
-import pytest
-from helpers import RANK_SCRIPTS, TESTS, assert_no_job_processes, per_rank, run_launcher
+from helpers import RANK_SCRIPTS, assert_no_job_processes, per_rank, run_launcher
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 
@@ -47,40 +46,3 @@ def test_console_filter_and_failing_exit_code(weird_tmp: Path) -> None:
     assert "exited with code 7" in result.stderr
     assert_no_job_processes("filt")
 
-
-PLAIN = str(TESTS / "plain_scripts" / "plain_loop.py")
-
-
-REPLAY = ("import os, sys\n"
-          "path = sys.argv[1].replace('RANK', os.environ['RANK_ID'])\n"
-          "sys.stdout.write(open(path, encoding='utf-8', errors='replace').read())\n")
-"""A rank that prints again, line for line, what a rank of an earlier job wrote to its log."""
-
-
-@pytest.mark.mindspore
-def test_runtime_chatter_stays_in_the_logs_and_alike_lines_are_shown_once(weird_tmp: Path) -> None:
-    """Real MindSpore ranks: its INFO/WARNING lines (``[WARNING] DISTRIBUTED(pid,...``) reach the
-    rank logs only; the checksum line both ranks print alike is shown once as [host:0-1]. With
-    ``--runtime-logs --no-merge-lines`` the same real lines, printed again by plain ranks from
-    the first job's logs (``REPLAY``: no second MindSpore job), are all shown."""
-    host = socket.gethostname()
-    logs = weird_tmp / "default"
-    result = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(logs), PLAIN,
-                          "--steps", "4", env={**os.environ, "GLOG_v": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    shown, log = result.stdout, (logs / "rank_0.log").read_text()
-    chatter = [line for line in log.splitlines() if line.startswith(("[INFO] ", "[WARNING] "))]
-    assert chatter, "MindSpore said something at INFO (GLOG_v=1) in the rank's log"
-    assert not any(c in shown for c in chatter[:50]), "...and none of it on the console"
-    assert shown.count(" checksum ") == 1 and f"[{host}:0-1] checksum " in shown, shown[-2000:]
-    (weird_tmp / "replay.py").write_text(REPLAY)
-    again = run_launcher("--device", "cpu", "--cards", "2", "--log-dir", str(weird_tmp / "all"),
-                         "--runtime-logs", "--no-merge-lines", str(weird_tmp / "replay.py"),
-                         str(logs / "rank_RANK.log"))
-    assert again.returncode == 0, again.stderr[-3000:]
-    everything = again.stdout
-    assert any(line.startswith((f"[{host}:0] [INFO] ", f"[{host}:1] [WARNING] ",
-                                f"[{host}:0] [WARNING] ", f"[{host}:1] [INFO] "))
-               for line in everything.splitlines()), "--runtime-logs shows them"
-    assert f"[{host}:0] checksum" in everything and f"[{host}:1] checksum" in everything
-    assert f"[{host}:0] {chatter[0]}" in everything, "line for line"

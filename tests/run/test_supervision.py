@@ -2,8 +2,8 @@
 
 The ranks are plain Python (``rank_scripts/plain_job.py``: ms_job.py's flags, the contract's
 events written by the script, peers met over MASTER_PORT), so these jobs start no MindSpore
-process at all; one test keeps real MindSpore ranks for what only they show (a one-rank cluster
-in the foreground). A hang whose victim waits inside MindSpore is ``ranks/test_hangs.py``'s.
+process at all. A one-rank MindSpore cluster in the foreground is
+``ranks/test_train_digits.py``'s (its switch to PyNative after ``init()``). A hang whose victim waits inside MindSpore is ``ranks/test_hangs.py``'s.
 
 Every test ends by asserting that no process of the job is left (found by the job id in the
 environment, plus every pid seen while the job ran). Time bounds here are not benchmarks: each
@@ -34,7 +34,6 @@ from helpers import (
 )
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")
-MS_JOB = str(RANK_SCRIPTS / "ms_job.py")
 
 
 def _launch(tmp: Path, job_id: str, *script_args: str, extra: tuple = (),
@@ -239,15 +238,3 @@ def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
     gone = lambda: not job_pids("orphan-job") and not any(alive(p) for p in seen)  # noqa: E731
     wait_for(gone, "ranks to follow their dead launcher", 60)
     assert_no_job_processes("orphan-job", seen)
-
-
-@pytest.mark.mindspore
-def test_one_card_is_a_cluster_of_one_in_the_foreground(weird_tmp: Path) -> None:
-    # The rank inherits the terminal (no log file, no prefix) and init() still works.
-    result = run_launcher("--device", "cpu", "--cards", "1", "--job-id", "one-job", "--log-dir",
-                          str(weird_tmp / "logs"), MS_JOB, "--steps", "2")
-    assert result.returncode == 0, result.stderr
-    assert "rank 0 of 1 up, RANK_ID=0" in result.stdout
-    assert not (weird_tmp / "logs" / "rank_0.log").exists()
-    assert (weird_tmp / "logs" / "scheduler.log").exists()
-    assert_no_job_processes("one-job")
