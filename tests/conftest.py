@@ -14,7 +14,8 @@ What runs without being asked (hooks and one autouse fixture):
   worker (its tests may share job ids and module fixtures); every ``multinode`` test runs on one
   worker (the network namespaces and Slurm's controller are shared by the whole machine), and
   every test of ``tests/ranks`` on one worker (two real MindSpore jobs at once on 2 cores would
-  stretch the timings those tests judge).
+  stretch the timings those tests judge). Those two long groups go to the workers first, then the
+  longest other files (``LONG_FILES``), then the rest, so that the workers end close together.
 """
 from __future__ import annotations
 
@@ -144,18 +145,37 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 # pytest-xdist: one worker per file, one worker for every multi-node test ------------------------
 
+LONG_FILES = ("tests/hangs/test_hang_limits.py", "tests/cli/test_cli_properties.py",
+              "tests/parallel/test_trainer.py", "tests/run/test_supervision.py",
+              "tests/cli/test_bad_input.py", "tests/plan/test_pods.py",
+              "tests/parallel/test_parallel_setup.py", "tests/cli/test_last_bad_inputs.py")
+"""The files outside the two long groups that took 18-75 s each in CI (2026-12-03), longest
+first: handed out right after those groups, so that no long file is left for the end, when the
+other worker may have nothing left to do. Only the order depends on it, never a result."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``--dist loadgroup`` the controller hands the groups out in the order the workers
+    collected them (``pytest_collection_modifyitems`` below), not sorted by their number of tests
+    (xdist's ``--loadscope-reorder``, on by default: it put the long groups behind files of many
+    quick tests, and the worker that got ``tests/ranks`` late ended a minute after the other)."""
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its worker group, before xdist's own hook reads the marks into the
     test ids (it runs first otherwise, and the marks were ignored: every test was a group of
-    its own). The two long groups go first, so that the scheduler, which hands out groups in
-    order, gives them to different workers at the start and the rest fill in around them."""
+    its own). The two long groups go first, then ``LONG_FILES``, so that the scheduler, which
+    hands out groups in order, gives the long groups to different workers at the start and the
+    rest fill in around them."""
     if not config.getoption("loadgroup", False):
         return  # xdist sets it on its workers under --dist loadgroup; they collect, not the controller
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
-    first = {"ranks": 0, "multinode": 1}
-    items.sort(key=lambda item: first.get(_worker_group(item), 2))
+    first = {"ranks": 0, "multinode": 1, **{path: 2 + n for n, path in enumerate(LONG_FILES)}}
+    items.sort(key=lambda item: first.get(_worker_group(item), len(first) + 2))
 
 
 def _worker_group(item: pytest.Item) -> str:
