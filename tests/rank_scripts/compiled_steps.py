@@ -3,7 +3,8 @@
 --steps N: training steps (each a `step` event); at the end each rank prints `checksum <value>`.
 --fail-rank R --fail-after-step K: in the job's first attempt (NPU_LAUNCH_RESTART 0), rank R
 raises after its step K (counted from 0), once the train step has been compiled; a restart
-runs to the end.
+runs to the end. With --fail-at-end instead, rank R raises after every step and its checksum
+line: both attempts print what they trained to.
 """
 import argparse
 import os
@@ -20,6 +21,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-after-step", type=int, default=0)
+parser.add_argument("--fail-at-end", action="store_true")
 args = parser.parse_args()
 
 ms.set_device("CPU")
@@ -39,7 +41,10 @@ y = ms.Tensor(np.zeros((4, 10), np.float32))
 for step in range(args.steps):
     loss = step_cell(x, y)
     emit("step", step=step, loss=float(loss.asnumpy()))
-    if attempt == 0 and rank == args.fail_rank and step == args.fail_after_step:
+    if attempt == 0 and rank == args.fail_rank and step == args.fail_after_step \
+            and not args.fail_at_end:
         raise RuntimeError(f"rank {rank} fails after step {step} of attempt {attempt}")
 checksum = sum(float(np.abs(p.asnumpy()).sum()) for p in net.trainable_params())
 print(f"attempt {attempt} checksum {checksum:.10f}", flush=True)
+if attempt == 0 and rank == args.fail_rank and args.fail_at_end:
+    raise RuntimeError(f"rank {rank} fails at the end of attempt {attempt}")

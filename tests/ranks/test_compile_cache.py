@@ -3,12 +3,15 @@
 The plan gives every rank ``MS_COMPILER_CACHE_ENABLE=1`` and ``MS_COMPILER_CACHE_PATH`` =
 ``<log dir>/compile_cache/<launch>`` unless the user set either variable or gave
 ``--no-compile-cache``; MindSpore keeps each rank's graphs in ``rank_<N>/graph_cache/`` there.
-Two real jobs (``tests/rank_scripts/compiled_steps.py``: GRAPH mode, 8x8 inputs, 3 steps) show
-a path of the user's respected, and the graphs kept in the log dir and a restart that loads
-what the first attempt compiled: MindSpore says so in the rank's log (``GetCachedFuncGraph`` in
-its ``compile_cache_manager.cc``, a WARNING, so it is there at the default log level), it writes
-no cache file once the second attempt started, and the parameters end as those of the job that
-compiled its graphs.
+One real job (``tests/rank_scripts/compiled_steps.py``: GRAPH mode, 8x8 inputs, 3 steps, rank 1
+failing after its checksum line in the first attempt) shows the graphs kept in the log dir and
+a restart that loads what the first attempt compiled: MindSpore says so in the rank's log
+(``GetCachedFuncGraph`` in its ``compile_cache_manager.cc``, a WARNING, so it is there at the
+default log level), it writes no cache file once the second attempt started, and the loaded
+graphs train to the parameters the compiled ones did. A path of the user's is left to them by
+the plan (the tests above: npu-launch sets neither variable, and MindSpore keeps its graphs where
+``MS_COMPILER_CACHE_PATH`` says, as the real job shows for npu-launch's own path); a second
+real job that showed it again was dropped in stop 36.
 """
 from __future__ import annotations
 
@@ -146,33 +149,13 @@ def _graphs(cache: Path, rank: int) -> list[Path]:
     return sorted((cache / f"rank_{rank}" / "graph_cache").glob("*.mindir"))
 
 
-@pytest.fixture(scope="module")
-def compiled_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """One job with a cache path of the user's (log dir, that path, its output): the graphs it
-    compiled, and the parameters a job that compiled its graphs ends with."""
-    root = tmp_path_factory.mktemp("cache mine")
-    logs, mine = root / "logs", root / "my cache"
-    out, _ = _run(logs, "cache-mine", JOB, env=_env(MS_COMPILER_CACHE_ENABLE="1",
-                                                    MS_COMPILER_CACHE_PATH=str(mine)))
-    return logs, mine, out
-
-
 @pytest.mark.mindspore
-def test_a_cache_path_the_user_set_is_where_the_graphs_go(
-        compiled_elsewhere: tuple[Path, Path, str]) -> None:
-    logs, mine, _ = compiled_elsewhere
-    assert all(_graphs(mine, rank) for rank in (0, 1))
-    assert not (logs / COMPILE_CACHE).exists(), "nothing of npu-launch's in the log dir"
-
-
-@pytest.mark.mindspore
-def test_a_restart_loads_the_graphs_the_first_attempt_compiled(
-        weird_tmp: Path, compiled_elsewhere: tuple[Path, Path, str]) -> None:
+def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) -> None:
     """The first attempt compiles and keeps each rank's graphs in the log dir; the restart
-    loads them, writes none, and trains to what a job that compiled its graphs ends with."""
+    loads them, writes none, and trains to what the first attempt's compiled graphs did."""
     logs = weird_tmp / "logs"
     out, err = _run(logs, "cache-restart", "--max-restarts", "1", JOB, "--fail-rank", "1",
-                    "--fail-after-step", "0")
+                    "--fail-at-end")
     assert "restart 1 of 1" in err and "job cache-restart failed: rank 1" in err, err[-3000:]
     cache = _planned_cache(logs)
     assert cache.parent == logs / COMPILE_CACHE
@@ -184,6 +167,8 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(
         assert _graphs(cache, rank), sorted(map(str, cache.rglob("*")))
         written = max(p.stat().st_mtime for p in (cache / f"rank_{rank}").rglob("*"))
         assert written < second, f"rank {rank} wrote its cache again after the restart"
-    compiled = compiled_elsewhere[2]
-    assert checksums(out) == checksums(compiled) and len(checksums(out)) == 2, \
-        "the loaded graphs train as the compiled ones do"
+    trained = {attempt: {line.split()[-1] for line in out.splitlines()
+                         if f"attempt {attempt} checksum " in line} for attempt in (0, 1)}
+    assert len(trained[0]) == 1 and trained[0] == trained[1], \
+        f"the loaded graphs train as the compiled ones do: {trained}\n{out[-2000:]}"
+    assert len(checksums(out)) == 2
