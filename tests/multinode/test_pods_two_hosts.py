@@ -6,8 +6,11 @@ environment the operator gives its pods (``tests/fixtures/pods/README.md``), nev
 where MindCluster mounts it, ``/user/serverid/devindex/config/hccl.json``: each host's own file,
 bound there inside the host's mount namespace (the hosts' ``/tmp`` is private, the cluster's
 work directory shared), which a test thread writes as the operator does, ``initializing`` first,
-``completed`` once every pod is up. The 2-rank job must train to the same parameters as the same
-job with ``--cards 2`` on one host.
+``completed`` once every pod is up. The ascend-operator's job, whose MindSpore scheduler has a
+pod of its own, runs MindSpore ranks and must train to the same parameters as the same job with
+``--cards 2`` on one host. The Kubeflow-style pods run plain-Python ranks (``plain_job.py``, no
+MindSpore): what is Kubeflow's is the pods' environment and what npu-launch makes of it (a node
+per pod, the master's name resolved to its address), and the ranks meet at that address.
 
 The bind mount needs ``/user/serverid/devindex/config`` to exist in the image the hosts share:
 the fixture makes the folders it lacks, empty, and removes them afterwards.
@@ -25,7 +28,7 @@ from helpers import checksums
 
 from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mindspore]
+pytestmark = pytest.mark.multinode
 
 MOUNTED = Path("/user/serverid/devindex/config")
 INITIALIZING = '{"status": "initializing"}'
@@ -77,9 +80,10 @@ def _no_ssh(cluster) -> None:
     assert not called.exists(), f"npu-launch ran ssh in a pod: {called.read_text()}"
 
 
-def _pod(cluster, host: str, tmp: Path, job: str, env: dict[str, str]):
+def _pod(cluster, host: str, tmp: Path, job: str, env: dict[str, str],
+         script: str = "ms_job.py"):
     return launch_on(cluster, host, ["--device", "cpu", "--job-id", job, "--log-dir",
-                                     str(tmp / job), "--kill-timeout", "3", str(tmp / "ms_job.py"),
+                                     str(tmp / job), "--kill-timeout", "3", str(tmp / script),
                                      "--steps", "3"], cwd=tmp, env=env)
 
 
@@ -96,6 +100,7 @@ def _rank_starts(cluster, host: str, log_dir: Path) -> list[float]:
     return starts
 
 
+@pytest.mark.mindspore
 def test_ascend_operator_pods_wait_for_the_table_and_train_like_one_node(
         ssh_cluster, tables, reference, weird_tmp: Path) -> None:
     a, b = ssh_cluster.names
@@ -137,28 +142,41 @@ def test_ascend_operator_pods_wait_for_the_table_and_train_like_one_node(
         assert_no_job_processes(ssh_cluster, job)
 
 
-def test_kubeflow_pods_train_like_one_node(ssh_cluster, tables, reference,
-                                           weird_tmp: Path) -> None:
+def test_kubeflow_pods_run_one_node_each_with_the_masters_address(ssh_cluster, tables,
+                                                                   weird_tmp: Path) -> None:
     a, b = ssh_cluster.names
-    job_dir(ssh_cluster, weird_tmp)
+    job_dir(ssh_cluster, weird_tmp, scripts=("plain_job.py",))
     for table in tables.values():
         table.write_text(COMPLETED)  # an operator that mounts one completes it before the pods
-    # The master by name, as Kubeflow gives its service's: MindSpore gets its address.
+    # The master by name, as Kubeflow gives its service's.
     common = {"MASTER_ADDR": a, "MASTER_PORT": "29662", "WORLD_SIZE": "2"}
     procs = {job: _pod(ssh_cluster, host, weird_tmp, job, _pod_env(ssh_cluster, **common,
-                                                                   RANK=str(i)))
+                                                                   RANK=str(i)), "plain_job.py")
              for i, (job, host) in enumerate((("kf-master", a), ("kf-worker", b)))}
     outs = {job: proc.communicate(timeout=300) for job, proc in procs.items()}
     for job, proc in procs.items():
         assert proc.returncode == 0, (job, outs[job][1][-3000:])
         assert "waiting for the operator's rank table" not in outs[job][1]
+    master = ssh_cluster.addresses[0]
     assert (f"detected: kubeflow-style pod (RANK=0, WORLD_SIZE=2), node 0 of 2, scheduler "
-            f"{ssh_cluster.addresses[0]}:29662 ({a}) here") in outs["kf-master"][1]
+            f"{master}:29662 ({a}) here") in outs["kf-master"][1]
+    assert (f"detected: kubeflow-style pod (RANK=1, WORLD_SIZE=2), node 1 of 2, scheduler "
+            f"{master}:29662 ({a}) on node 0") in outs["kf-worker"][1]
     sums = {**checksums(outs["kf-master"][0]), **checksums(outs["kf-worker"][0])}
     assert set(sums) == {f"[{a}:0]", f"[{b}:1]"}, sums
-    assert set(sums.values()) == {reference}
-    assert ssh_cluster.exists(a, weird_tmp / "kf-master" / "hosts" / a / "scheduler.log")
-    assert not ssh_cluster.exists(b, weird_tmp / "kf-worker" / "hosts" / b / "scheduler.log")
+    # One sum in both pods: the ranks met at the master's address, each in the other's steps.
+    assert len(set(sums.values())) == 1, sums
+    # Each pod's plan gives its rank the master's address, not its name (MindSpore's scheduler
+    # takes none), and only the master's pod plans MindSpore's scheduler (started once a rank
+    # imports MindSpore, which plain ranks never do).
+    for job, host, rank in (("kf-master", a, 0), ("kf-worker", b, 1)):
+        plan = json.loads(ssh_cluster.read_text(host, weird_tmp / job / "plan.json"))
+        assert (plan["scheduler"] or {}).get("host") == (a if rank == 0 else None), job
+        said = [{key: spec["env"][key] for key in ("MS_SCHED_HOST", "MS_SCHED_PORT",
+                                                   "MASTER_ADDR", "MASTER_PORT", "RANK")}
+                for spec in plan["ranks"] if spec["host"] == host]
+        assert said == [{"MS_SCHED_HOST": master, "MS_SCHED_PORT": "29662", "MASTER_ADDR": master,
+                         "MASTER_PORT": "29662", "RANK": str(rank)}], (job, said)
     _no_ssh(ssh_cluster)
     for job in procs:
         assert_no_job_processes(ssh_cluster, job)
