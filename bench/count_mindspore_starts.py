@@ -18,6 +18,7 @@ import collections
 import json
 import os
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -67,6 +68,11 @@ def main() -> int:
     os.chmod(log, 0o666)
     pth = Path(site.getsitepackages()[0]) / "zz_npu_launch_count_mindspore.pth"
     pth.write_text("import sys; exec(" + repr(_HOOK.format(log=str(log))) + ")\n")
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # so that the hook is removed below, as on Ctrl-C
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
     try:
         code = subprocess.call(command)
     finally:
