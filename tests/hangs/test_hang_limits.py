@@ -53,8 +53,8 @@ def test_one_rank_saving_or_evaluating_long_after_a_slow_compile_is_no_hang(
     12 s while rank 0 waits: each longer than the learnt limit of 10 s, none a hang."""
     logs = weird_tmp / "logs"
     result = run_launcher(*CPU, "--job-id", "healthy", "--log-dir", str(logs), PACED,
-                          "--steps", "38", "--step-s", "0.2", "--compile-s", "11",
-                          "--section", "save:0:30:12", "--section", "eval:1:33:12")
+                          "--steps", "16", "--step-s", "0.2", "--compile-s", "11",
+                          "--section", "save:0:8:12", "--section", "eval:1:11:12")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = _summary(logs)
     assert summary["outcome"] == "succeeded" and summary["stall"] is None

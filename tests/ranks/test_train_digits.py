@@ -34,7 +34,7 @@ def test_main_job_trains_to_95_percent_on_two_ranks(weird_tmp: Path) -> None:
     """Accuracy, the aggregator's files, and every evaluation and the execution mode reaching
     summary.json, metrics.jsonl and the report (one job: the evaluations' own test ran a
     second, shorter copy of it)."""
-    logs, epochs = weird_tmp / "logs", 5
+    logs, epochs = weird_tmp / "logs", 3  # 0.9833 on both ranks (10 epochs: 0.9917)
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "digits", "--log-dir",
                           str(logs), MAIN, "--epochs", str(epochs))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
