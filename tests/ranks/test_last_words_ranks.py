@@ -1,9 +1,9 @@
 """Last words with real MindSpore ranks (issue 24 part 1): what only they prove. The healthy
 replica's save of the last completed step, made by a thread while the main thread is blocked
 in the step's all-reduce, is byte for byte the periodic checkpoint of that step; a crash at
-step 33 (mid-epoch), then a hang at step 50 in the attempt that resumed, each resume from their
+step 15 (mid-epoch 1), then a hang at step 33 in the attempt that resumed, each resume from their
 last words to the uninterrupted job's parameters; and a peer lost in the middle of a step's
-gradient exchange leaves that step unapplied, not half. The main digits job, 3 epochs of 22
+gradient exchange leaves that step unapplied, not half. The main digits job, 2 epochs of 22
 steps, 2 CPU ranks (``tests/rank_scripts/digits_last_words.py``)."""
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ from parallel.manifest import sha256_file
 
 pytestmark = pytest.mark.mindspore
 SCRIPT = str(RANK_SCRIPTS / "digits_last_words.py")
-AT = 33  # mid-epoch 2: no periodic checkpoint of it (every 5 epochs, and at the end)
+AT = 15  # mid-epoch 1: no periodic checkpoint of it (every 5 epochs, and at the end)
 """Rank 1 dies right after step ``AT``. Rank 0's last completed step is ``AT``, or ``AT - 1``
 when rank 1 was gone before rank 0's share of step ``AT``'s all-reduce arrived: the issue's
 "step 49 or 50"."""
-HANG_AT = 50
-"""Mid-epoch 3: rank 1 stops after this step in the attempt that resumed from ``AT``."""
+HANG_AT = 33
+"""Mid-epoch 2: rank 1 stops after this step in the attempt that resumed from ``AT``."""
 COMMON = ("--device", "cpu", "--cards", "2", "--console", "none")
+EPOCHS = "2"
+"""The uninterrupted job and the faulty one: 44 steps (3 epochs until stop 36, the faults at 33
+and 50)."""
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted job, with periodic checkpoints of steps ``AT - 1`` and ``AT`` to compare
     with."""
     root = tmp_path_factory.mktemp("straight")
-    done = run_launcher(*COMMON, "--log-dir", str(root / "logs"), SCRIPT, "--epochs", "3",
+    done = run_launcher(*COMMON, "--log-dir", str(root / "logs"), SCRIPT, "--epochs", EPOCHS,
                         "--ckpt-at-steps", f"{AT - 1},{AT}", "--save-params", str(root / "params"),
                         timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -44,7 +47,7 @@ def _faulty(root: Path, job: str, faults: tuple[str, ...], *options: str) -> str
     """The job with ``faults`` (the script's options), ``options`` to npu-launch."""
     done = run_launcher(*COMMON, "--max-restarts", "2", "--restart-backoff", "0", "--job-id", job,
                         "--log-dir", str(root / "logs"), *options, SCRIPT, *faults,
-                        "--epochs", "3", "--save-params", str(root / "params"), timeout=600)
+                        "--epochs", EPOCHS, "--save-params", str(root / "params"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_no_job_processes(job)
     return done.stderr
@@ -73,7 +76,7 @@ def test_a_crash_then_a_hang_each_leave_last_words_and_the_job_ends_as_uninterru
     byte for byte the periodic checkpoint of it. Attempt 1 resumes there, and rank 1 hangs after
     step ``HANG_AT``; the last words of that step are resumed from in attempt 2, and the job
     ends with the uninterrupted job's parameters. (One job of three attempts: the crash and the
-    hang were two jobs, and the hang's first attempt only repeated the crash's first 33 steps.)"""
+    hang were two jobs, and the hang's first attempt only repeated the crash's first steps.)"""
     err = _faulty(weird_tmp, "lw-faults", ("--kill-at-step", str(AT), "--hang-at-step",
                                            str(HANG_AT), "--hang-in-attempt", "1"),
                   "--hang-timeout", "5")
