@@ -2,8 +2,9 @@
 
 The ranks are plain Python (``rank_scripts/plain_job.py``: ms_job.py's flags, the contract's
 events written by the script, peers met over MASTER_PORT), so these jobs start no MindSpore
-process at all. A one-rank MindSpore cluster in the foreground is
-``ranks/test_train_digits.py``'s (its switch to PyNative after ``init()``). A hang whose victim waits inside MindSpore is ``ranks/test_hangs.py``'s.
+process at all. A one-rank MindSpore cluster in the foreground is ``ranks/test_train_digits.py``'s
+(its switch to PyNative after ``init()``); a hang whose victim waits inside MindSpore is
+``ranks/test_hangs.py``'s.
 
 Every test ends by asserting that no process of the job is left (found by the job id in the
 environment, plus every pid seen while the job ran). Time bounds here are not benchmarks: each
