@@ -68,6 +68,7 @@ def main() -> int:
     os.chmod(log, 0o666)
     pth = Path(site.getsitepackages()[0]) / "zz_npu_launch_count_mindspore.pth"
     pth.write_text("import sys; exec(" + repr(_HOOK.format(log=str(log))) + ")\n")
+
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # so that the hook is removed below, as on Ctrl-C
 
@@ -75,6 +76,9 @@ def main() -> int:
         signal.signal(signum, stop)
     try:
         code = subprocess.call(command)
+    except BaseException:  # stopped: nothing to count, and no folder left in the checkout
+        shutil.rmtree(log.parent, ignore_errors=True)
+        raise
     finally:
         pth.unlink()
     starts = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]

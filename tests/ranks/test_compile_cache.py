@@ -52,6 +52,12 @@ def _plan(tmp: Path, nodes: int = 1, config: Optional[dict] = None, **kw) -> Lau
     return build_plan(_config(tmp, **(config or {})), inputs)
 
 
+def _without_cache_vars() -> dict[str, str]:
+    """This environment without the user's compile-cache variables (npu-launch leaves the
+    cache to a user who set either)."""
+    return {k: v for k, v in os.environ.items() if k not in CACHE_VARS}
+
+
 def _cache_env(plan: LaunchPlan) -> list[dict[str, str]]:
     return [{k: spec.env[k] for k in CACHE_VARS if k in spec.env} for spec in plan.processes]
 
@@ -115,7 +121,7 @@ def test_no_compile_cache_turns_it_off(weird_tmp: Path) -> None:
 def test_the_flag_and_the_config_file_reach_the_plan(weird_tmp: Path) -> None:
     (weird_tmp / "train.py").write_text("")
     (weird_tmp / "off.yaml").write_text("compile-cache: false\n")
-    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARS}
+    env = _without_cache_vars()
     for options, expected in (((), True), (("--no-compile-cache",), False),
                               (("--config", str(weird_tmp / "off.yaml")), False)):
         result = run_launcher("--dry-run", "--json", "--device", "cpu", "--cards", "2",
@@ -126,18 +132,6 @@ def test_the_flag_and_the_config_file_reach_the_plan(weird_tmp: Path) -> None:
 
 
 # Real jobs ----------------------------------------------------------------------------------------
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k not in CACHE_VARS}, **extra}
-
-
-def _run(logs: Path, job: str, *args: str, env: Optional[dict[str, str]] = None) -> tuple[str, str]:
-    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
-                          str(logs), *args, env=env or _env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_no_job_processes(job)
-    return result.stdout, result.stderr
-
 
 def _planned_cache(logs: Path) -> Path:
     ranks = json.loads((logs / "plan.json").read_text())["ranks"]
@@ -154,8 +148,12 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) 
     """The first attempt compiles and keeps each rank's graphs in the log dir; the restart
     loads them, writes none, and trains to what the first attempt's compiled graphs did."""
     logs = weird_tmp / "logs"
-    out, err = _run(logs, "cache-restart", "--max-restarts", "1", JOB, "--fail-rank", "1",
-                    "--fail-at-end")
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "cache-restart",
+                          "--log-dir", str(logs), "--max-restarts", "1", JOB, "--fail-rank", "1",
+                          "--fail-at-end", env=_without_cache_vars())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_no_job_processes("cache-restart")
+    out, err = result.stdout, result.stderr
     assert "restart 1 of 1" in err and "job cache-restart failed: rank 1" in err, err[-3000:]
     cache = _planned_cache(logs)
     assert cache.parent == logs / COMPILE_CACHE
