@@ -23,7 +23,12 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Optional
+
+_CHILD_GRACE = 30.0
+"""Seconds the command gets to end after the SIGTERM this script passes on, before SIGKILL."""
 
 _HOOK = """\
 import sys, os
@@ -69,13 +74,28 @@ def main() -> int:
     pth = Path(site.getsitepackages()[0]) / "zz_npu_launch_count_mindspore.pth"
     pth.write_text("import sys; exec(" + repr(_HOOK.format(log=str(log))) + ")\n")
 
+    child: Optional[subprocess.Popen] = None
+    stopped: list[int] = []
+
     def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)  # so that the hook is removed below, as on Ctrl-C
+        """Pass the stop on to the command (none of it runs on uncounted): its end returns
+        the wait below. No wait here: the interrupted one holds the Popen's lock."""
+        stopped.append(signum)
+        if child is not None:
+            child.terminate()
+            killer = threading.Timer(_CHILD_GRACE, child.kill)
+            killer.daemon = True
+            killer.start()
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop)
     try:
-        code = subprocess.call(command)
+        child = subprocess.Popen(command)
+        if stopped:  # before there was a command to pass it on to
+            child.terminate()
+        code = child.wait()
+        if stopped:
+            raise SystemExit(128 + stopped[0])  # so that the hook is removed below, as on Ctrl-C
     except BaseException:  # stopped: nothing to count, and no folder left in the checkout
         shutil.rmtree(log.parent, ignore_errors=True)
         raise
