@@ -11,8 +11,8 @@ step an all-reduce of one number through rank 0, so a rank that stops stops the 
 --segfault-at-exit R: rank R reads address 0 as the interpreter tears down, after its exit
 handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.
 --linger-at-exit R: rank R's exit handlers never return after its script ends (MindSpore's
-finalisation waiting on a cluster that is gone): registered before init as MindSpore registers
-its own, the rank hook's ``exiting`` coming before them as after ``init()``.
+finalisation waiting on a cluster that is gone): registered after init, the last of all, so it
+runs before any other (``atexit`` runs the last registered first).
 --child R: rank R starts a process of its own after init (``sleep 3600``, not a rank: it
 carries the job's environment, without the rank hook's parent-death signal).
 --hang-before-init R: rank R sleeps before init.
@@ -125,8 +125,6 @@ def all_reduce(peers: list, value: float) -> float:
 
 
 step_count = 0
-if rank == args.linger_at_exit:
-    atexit.register(time.sleep, 3600)
 if rank == args.ignore_sigterm:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if rank == args.hang_before_init:
@@ -137,6 +135,8 @@ if os.environ.get("NPU_LAUNCH_HOST") == args.fail_init_on_host:
 peers = init()
 emit("initialised", exec_mode="graph")
 ending.again_after_init()  # as the rank hook does once init() returns
+if rank == args.linger_at_exit:  # registered last, so it runs first: before the hook's
+    atexit.register(time.sleep, 3600)
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
 if rank == args.child:
     import subprocess
