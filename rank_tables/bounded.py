@@ -251,14 +251,13 @@ PIPE_WAIT = 30.0
 
 def read_at_most(path: str, size: int) -> bytes:
     """Up to ``size`` bytes of ``path``, never waiting without end: a FIFO nobody writes to
-    reads as empty, and one whose writer goes silent for ``PIPE_WAIT`` seconds is an error."""
+    reads as empty, and one whose writer goes silent for ``PIPE_WAIT`` seconds is an error; so
+    is a terminal or a device nobody types into (``/dev/pts/N``, ``/proc/kmsg``): the file is
+    read without blocking, whatever it is (a disk file's reads never block anyway)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISFIFO(mode):
-            os.set_blocking(fd, True)
         return _read_fd(fd, size)
     finally:
         os.close(fd)
@@ -271,7 +270,8 @@ def _read_fd(fd: int, size: int) -> bytes:
             chunk = os.read(fd, min(left, 1 << 16))
         except BlockingIOError:  # a pipe with a writer and nothing written yet
             if not select.select([fd], [], [], PIPE_WAIT)[0]:
-                raise OSError(errno.ETIMEDOUT, f"a pipe silent for {PIPE_WAIT:.0f} s") from None
+                raise OSError(errno.ETIMEDOUT, f"nothing to read for {PIPE_WAIT:g} s (a pipe or a "
+                              "terminal nobody writes to)") from None
             continue
         if not chunk:
             break

@@ -16,7 +16,6 @@ from launcher import limits
 from launcher.errors import ConfigError
 from launcher.limits import shown
 
-_SOURCE_HEAD = 256
 _PYTHON_MAGIC = (b"PK\x03\x04", importlib.util.MAGIC_NUMBER[:2])
 """A zip application and compiled bytecode: files Python runs that are no source."""
 
@@ -26,12 +25,13 @@ def check_python_source(path: str, name: str) -> None:
     syntax error), naming it and, for source, ``file:line``; every rank would fail the same. A
     ``#!`` line naming another interpreter is only a comment to Python: such a file that
     compiles (a shell and Python polyglot) is taken."""
-    try:
-        size = os.path.getsize(path)
-        whole = 0 < size <= limits.MAX_COMPILED_BYTES
-        head = limits.read_at_most(path, size if whole else _SOURCE_HEAD)
+    if not os.path.isfile(path):  # a FIFO would hold every rank, /dev/zero fill its memory
+        raise ConfigError(f"script {name}: not a regular file")
+    try:  # read, not sized: /proc's files say they are empty
+        head = limits.read_at_most(path, limits.MAX_COMPILED_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"script {name}: {e.strerror}") from None
+    whole = len(head) <= limits.MAX_COMPILED_BYTES
     if head.startswith(_PYTHON_MAGIC):
         return
     if head.startswith(b"\x7fELF"):

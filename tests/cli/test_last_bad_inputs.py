@@ -341,6 +341,17 @@ def test_a_script_that_is_not_python_is_refused_before_anything_starts(
     _refused(tmp_path, *CPU, "--cards", "2", _script(tmp_path, text, name), needles=tuple(needles))
 
 
+@pytest.mark.parametrize("script, needles", [
+    ("fifo.py", ["script 'fifo.py': not a regular file"]),  # every rank would wait on it
+    ("/dev/zero", ["script '/dev/zero': not a regular file"]),  # ... or read it until no memory
+    ("/proc/self/environ", ["script '/proc/self/environ':1: not Python"]),  # sized 0, read whole
+])
+def test_a_script_that_is_no_file_python_reads_is_refused(tmp_path: Path, script: str,
+                                                          needles: list) -> None:
+    os.mkfifo(tmp_path / "fifo.py")
+    _refused(tmp_path, *CPU, "--cards", "2", script, needles=tuple(needles))
+
+
 @pytest.mark.parametrize("text", [
     '#!/bin/sh\n"exec" "python3" "$0" "$@"\nimport os\nopen("ran-" + str(os.getpid()), "w")\n',
     "#!/usr/bin/env -S python3 -u\nprint(1)\n",

@@ -140,6 +140,22 @@ def test_a_fifo_without_writer_is_empty_not_a_hang(tmp_path: Path) -> None:
     assert isinstance(error, HostfileError) and "no hosts in the hostfile" in error.message
 
 
+def test_a_terminal_nobody_types_into_is_an_error_not_a_hang(monkeypatch) -> None:
+    """A tty (``--hostfile /dev/pts/N``, as ``/proc/kmsg`` too) blocked every read for ever:
+    it is read like a pipe now, and silence past ``PIPE_WAIT`` is an error."""
+    import pty
+
+    import rank_tables.bounded
+    monkeypatch.setattr(rank_tables.bounded, "PIPE_WAIT", 0.2)
+    controller, terminal = pty.openpty()
+    try:
+        error = _finishes(lambda: read_hostfile(os.ttyname(terminal)), seconds=10)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert isinstance(error, HostfileError) and "nothing to read for 0.2 s" in error.message
+
+
 def test_a_pipe_with_a_writer_is_read() -> None:
     """As ``--hostfile <(make-hosts)`` gives it: the writer is there, its bytes come late."""
     read_end, write_end = os.pipe()
