@@ -2,7 +2,9 @@
 
 A remote rank starts from its host's login environment; on top of that it gets what node 0's
 environment holds under the prefixes below, then ``.npu_launch_env`` (``KEY=VALUE`` lines,
-``#`` comments; in the launch directory, else the home directory), then ``--env``.
+``#`` comments; in the launch directory, else the home directory), then what the plan sets
+itself (a ``RANK`` or an ``NPU_LAUNCH_TOKEN`` in node 0's environment is not every rank's),
+then ``--env``. The file, like ``--env``, may not name a variable npu-launch sets.
 """
 from __future__ import annotations
 
@@ -47,5 +49,9 @@ def read_env_file(path: str) -> dict[str, str]:
         key = key.strip()
         if not sep or not ENV_NAME.fullmatch(key) or "\0" in value:
             raise ConfigError(f"{path}:{number}: expected KEY=VALUE, got {shown(line.strip())}")
+        owner = contract.owner_of(key)
+        if owner:  # as --env: every rank would get node 0's value (RANK=5 in all of them)
+            raise ConfigError(f"{path}:{number}: {key}: npu-launch sets {key} in every rank "
+                              f"itself ({owner})")
         env[key] = value
     return env

@@ -112,6 +112,7 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
              "stack_path": os.path.join(node_dir, "stacks", f"rank_{rank}.txt"),
              "compile_cache": compile_cache_dir(config, inputs, world)}
     env = {
+        **inputs.extra_env,  # first: what the plan sets below wins over node 0's environment
         contract.RANK_ID: str(rank), contract.RANK: str(rank),
         contract.RANK_SIZE: str(world), contract.WORLD_SIZE: str(world),
         contract.LOCAL_RANK: str(local_rank), contract.LOCAL_WORLD_SIZE: str(len(node.cards)),
@@ -159,7 +160,7 @@ def _torchrun_env(config: LaunchConfig, inputs: PlanInputs, node: Node, rank: in
 
 def _scheduler_spec(config: LaunchConfig, inputs: PlanInputs, world: int) -> ProcessSpec:
     node = inputs.nodes[0]
-    env = {**_common_env(inputs, node), **_cluster_env(config, inputs, world),
+    env = {**inputs.extra_env, **_common_env(inputs, node), **_cluster_env(config, inputs, world),
            contract.MS_ROLE: contract.ROLE_SCHEDULER}
     _add_user_env(env, config, inputs)
     return ProcessSpec(role=Role.SCHEDULER, rank=None, host=node.host, node_rank=node.node_rank, local_rank=None,
@@ -224,7 +225,6 @@ def _common_env(inputs: PlanInputs, node: Node) -> dict[str, str]:
         contract.DEVICE_KIND: inputs.device.value, contract.HOST: node.host,
         contract.NODE_RANK: str(node.node_rank), contract.NNODES: str(len(inputs.nodes)),
         contract.RESTART: "0", "PYTHONUNBUFFERED": "1",
-        **inputs.extra_env,
     }
     if pythonpath:
         env["PYTHONPATH"] = pythonpath

@@ -2,6 +2,7 @@
 and no log directory made. Each case runs the real CLI; none of them reaches a rank."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -181,6 +182,8 @@ class TestEnvFile:
         (b"A=1\n\xff\xfe=2\n", ":2: not UTF-8 text"),
         (b"A=1\n1X=2\n", ":2: expected KEY=VALUE, got '1X=2'"),
         (b"A=1\nB=x\0y\n", ":2: expected KEY=VALUE"),
+        (b"# mine\nRANK=5\n", ":2: RANK: npu-launch sets RANK in every rank itself"),
+        (b"NPU_LAUNCH_JOB_ID=x\n", ":1: NPU_LAUNCH_JOB_ID: npu-launch sets NPU_LAUNCH_JOB_ID"),
     ])
     def test_bad_env_file(self, tmp_path: Path, content: bytes, needle: str) -> None:
         (tmp_path / ".npu_launch_env").write_bytes(content)
@@ -194,6 +197,24 @@ class TestEnvFile:
         (tmp_path / "hosts").write_text("localhost slots=1\n")
         _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr",
                  "127.0.0.1", "--dry-run", SCRIPT, needles=("larger than 1024 KiB",))
+
+
+def test_node_0s_own_variables_do_not_override_what_the_plan_sets(tmp_path: Path) -> None:
+    """Node 0's environment travels to the other hosts, but every rank's own identity is the
+    plan's: a ``RANK`` or an outer launch's ``NPU_LAUNCH_TOKEN`` gave every rank the same one."""
+    (tmp_path / "hosts").write_text("n1 slots=1\nn2 slots=1\n")
+    env = {**os.environ, "RANK": "7", "NPU_LAUNCH_JOB_ID": "outer", "NPU_LAUNCH_TOKEN": "outer",
+           "NPU_LAUNCH_HOST": "outer"}
+    result = subprocess.run(npu_launch_argv(*CPU, "--hostfile", "hosts", "--no-preflight",
+                                            "--master-addr", "127.0.0.1", "--dry-run", "--json",
+                                            SCRIPT), cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    ranks = json.loads(result.stdout)["ranks"]
+    assert [(r["env"]["RANK"], r["env"]["NPU_LAUNCH_HOST"]) for r in ranks] == [("0", "n1"),
+                                                                               ("1", "n2")]
+    assert {r["env"]["NPU_LAUNCH_JOB_ID"] for r in ranks} != {"outer"}
+    assert "outer" not in {r["env"]["NPU_LAUNCH_TOKEN"] for r in ranks}
 
 
 def test_a_working_directory_removed_under_the_shell(tmp_path: Path) -> None:
