@@ -18,8 +18,9 @@ LOCK_NAME = ".npu_launch.lock"
 
 def check_log_dir(log_dir: str) -> None:
     """Refuse, before anything starts or is created, a log directory that cannot be made or
-    written: one that is a file, lies under a file, or whose nearest existing folder is
-    read-only or not ours to write."""
+    written (one that is a file, lies under a file, or whose nearest existing folder is
+    read-only or not ours to write), or an existing folder of other files (``--log-dir .``):
+    npu-launch's files would replace the user's."""
     existing = log_dir
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
@@ -31,6 +32,23 @@ def check_log_dir(log_dir: str) -> None:
         read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
         why = "is on a read-only file system" if read_only else "is not writable by this user"
         raise ConfigError(f"{where}: {existing} {why}")
+    if existing == log_dir and not _ours_or_empty(log_dir):
+        raise ConfigError(f"{where}: holds files that are no job's of npu-launch (no {LOCK_NAME}); "
+                          "give a new or empty folder: plan.json, summary.json and the rank logs "
+                          "would replace or join them")
+
+
+def _ours_or_empty(folder: str) -> bool:
+    """Whether ``folder`` is an earlier launch's log directory (its lock file stays: the same
+    command resumes there) or holds nothing but a file system's ``lost+found``. Looked at one
+    entry at a time: ``--log-dir /`` must not list a whole tree to be refused."""
+    if os.path.lexists(os.path.join(folder, LOCK_NAME)):
+        return True
+    try:
+        with os.scandir(folder) as entries:
+            return all(entry.name == "lost+found" for entry in entries)
+    except OSError:
+        return True  # unreadable: writing there fails with its own message
 
 
 class LogDirLock:

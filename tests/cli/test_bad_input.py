@@ -72,6 +72,27 @@ def test_a_message_is_bounded_and_one_line(tmp_path: Path) -> None:
     assert len(result.stderr) < 600
 
 
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed", "a pipe nobody reads"])
+@pytest.mark.parametrize("json_plan", [False, True], ids=["text", "json"])
+def test_a_plan_that_cannot_be_written_is_one_line(tmp_path: Path, stdout: str, json_plan: bool) -> None:
+    """Like an unwritable ``-o FILE``: exit 2 and one line, and no traceback from Python's last
+    flush of standard output at exit."""
+    argv = npu_launch_argv(*CPU, "--cards", "2", "--dry-run", *(["--json"] if json_plan else []),
+                           "--log-dir", str(tmp_path / "logs"), SCRIPT)
+    if stdout == "a pipe nobody reads":
+        read, write = os.pipe()
+        os.close(read)
+        out = os.fdopen(write, "wb")
+    else:
+        out = open(os.devnull if stdout == "closed" else stdout, "wb")
+    with out:
+        result = subprocess.run(argv, cwd=tmp_path, stdout=out, stderr=subprocess.PIPE, text=True,
+                                timeout=120, preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    why = {"/dev/full": "No space left on device", "closed": "it is closed"}.get(stdout, "Broken pipe")
+    assert_one_line_error(result, f"npu-launch: error: cannot write the plan to standard output: {why}")
+    assert not (tmp_path / "logs").exists()
+
+
 def test_an_unexpected_exception_is_one_line_with_exit_1(tmp_path: Path) -> None:
     """The funnel's last line of defence: a bug is said in one line, and the variable it names
     shows the traceback."""
@@ -100,6 +121,22 @@ class TestLogDirectory:
         (tmp_path / "f").write_text("x")
         _refused(tmp_path, *CPU, "--log-dir", str(tmp_path / "f" / "job"), SCRIPT,
                  needles=(f"lies under {tmp_path / 'f'}, a file",))
+
+    def test_a_folder_of_other_files_is_refused_and_left_as_it_was(self, tmp_path: Path) -> None:
+        """``--log-dir .`` (or a folder of the user's) had its plan.json and summary.json
+        replaced; an earlier launch's folder (its lock stays) or an empty one is taken."""
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        (mine / "plan.json").write_text("precious")
+        _refused(tmp_path, *CPU, "--log-dir", str(mine), SCRIPT,
+                 needles=(f"log directory {mine}: holds files that are no job's of npu-launch",))
+        assert [p.name for p in mine.iterdir()] == ["plan.json"]
+        assert (mine / "plan.json").read_text() == "precious"
+        (tmp_path / "empty" / "lost+found").mkdir(parents=True)
+        (mine / ".npu_launch.lock").write_text("")
+        for taken in ("empty", "mine"):
+            result = run_launcher(*CPU, "--dry-run", "--log-dir", taken, SCRIPT, cwd=tmp_path)
+            assert result.returncode == 0, result.stderr
 
     def test_dry_run_checks_it_too(self, tmp_path: Path) -> None:
         (tmp_path / "f").write_text("x")
