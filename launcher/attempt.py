@@ -19,9 +19,7 @@ from launcher.observe.monitor import JobMonitor
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.ranks.record import RankRecord
 from launcher.run.failures import JobResult, Outcome, stall_cause
-from launcher.run.restarts import (
-    FailurePoint,
-)
+from launcher.run.restarts import BEFORE_ANY_PROGRESS, FailurePoint
 from parallel import contract
 from parallel.contract import Event
 
@@ -153,9 +151,21 @@ class Attempt:
         per_second = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
         return max(steps) + self.log_every + math.ceil(per_second) + 1
 
+    def resumed_from(self, plan: LaunchPlan) -> Optional[int]:
+        """The complete step this attempt resumed from: the one its plan told the ranks
+        (``NPU_LAUNCH_RESUME_STEP``, a restart's); else, once a rank of it loaded a checkpoint,
+        the newest an earlier launch into the log directory left complete (the same command
+        run again: the trainer's ``resume='auto'`` loads the newest complete checkpoint)."""
+        if plan.resume is not None:
+            return plan.resume.step
+        if self.ledger is None or not self.monitor.ranks_where(lambda r: r.loads > 0):
+            return None
+        return self.ledger.earlier_step
+
     def failure_point(self, result: JobResult) -> FailurePoint:
         """Where this attempt failed (its root-cause rank's last step, else its progress
-        count), why, and the newest complete checkpoint now."""
+        count, else before any), why, and the newest complete checkpoint now (an earlier
+        launch's, until this one completes a step)."""
         rank = result.cause.rank if result.cause else None
         record = self.monitor.record(rank) if rank is not None else None
         where: Optional[tuple[str, int]] = None
@@ -163,8 +173,11 @@ class Attempt:
             where = ("step", record.step)
         elif record is not None and record.count:
             where = ("count", record.count)
+        elif record is not None:
+            where = BEFORE_ANY_PROGRESS
         resume = self.ledger.resume_point() if self.ledger is not None else None
-        return FailurePoint.of(result, where, resume.step if resume else None)
+        earlier = self.ledger.earlier_step if self.ledger is not None else None
+        return FailurePoint.of(result, where, resume.step if resume else earlier)
 
     def blame(self, result: JobResult) -> JobResult:
         """``result``, or, when its failed rank was waiting on one that had stopped making

@@ -52,6 +52,7 @@ from launcher.run.restarts import (
     blamed_host,
     cannot_help,
     host_to_leave_out,
+    not_restarted,
     shrink_problem,
     stop_restarting,
 )
@@ -123,8 +124,9 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
     a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
-    row at the same step, of the same cause, with no newer complete checkpoint, stop the job
-    (``restarts.cannot_help``)."""
+    row at the same step (or both before any), of the same cause, with no newer complete
+    checkpoint, stop the job (``restarts.cannot_help``); a failure before start-up is not
+    restarted, and one line says why (``restarts.not_restarted``)."""
     policy = Policy(config.max_restarts, *config.backoff, config.min_nodes)
     blamed: list[Optional[str]] = []
     last: Optional[FailurePoint] = None
@@ -136,13 +138,15 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
         result = attempt.blame(run_job(job, config, environ, console, attempt, err))
         plan = job.plan
         attempts.monitor.attempt_ended(AttemptRecord.of(
-            plan.restart, started, result, plan.resume.step if plan.resume else None,
-            plan.hosts, plan.world_size, waited, left_out))
+            plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
+            plan.world_size, waited, left_out))
         restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
         again = plan.restart + 1
-        if not restartable or again > policy.max_restarts \
-                or not _started_up(attempt, plan, policy, result):
+        if not restartable or again > policy.max_restarts:
             return result
+        if not _started_up(attempt, plan, policy, result):
+            line = not_restarted(result, policy.min_nodes)
+            return dataclasses.replace(result, message=f"{result.message}\n{line}".lstrip())
         point = attempt.failure_point(result)
         blamed.append(blamed_host(result))
         # Without the host that caused both failures the next attempt differs: it may help.

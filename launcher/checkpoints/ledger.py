@@ -94,6 +94,9 @@ class CheckpointLedger:
         its upload whatever it collects (a restart's other hosts need it)."""
         self._agents = agents
         """Node agents run the ranks: their files may be on disks node 0 does not see."""
+        self.earlier_step = newest_written(self._dir)
+        """The newest step an earlier launch into this log directory left complete (the same
+        command run again), as its manifest here says; None when there is none."""
         self._lock = threading.Lock()
 
     def record(self, event: Event) -> Optional[Manifest]:
@@ -292,6 +295,28 @@ class CheckpointLedger:
         atomic_write_bytes(os.path.join(folder, MANIFEST), manifest.to_json().encode())
         where = {str(r): {"host": rep.host, "path": rep.path} for r, rep in sorted(ranks.items())}
         atomic_write_bytes(os.path.join(folder, FILES), json.dumps(where, indent=1).encode())
+
+
+def newest_written(folder: str) -> Optional[int]:
+    """The newest step whose manifest is in the ledger's ``folder`` and reads as one."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    steps = sorted((int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit()),
+                   reverse=True)
+    for step in steps:
+        try:
+            with open(os.path.join(folder, f"step_{step}", MANIFEST), "rb") as f:
+                if Manifest.from_json(f.read(_MANIFEST_LIMIT).decode()).step == step:
+                    return step
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            continue
+    return None
+
+
+_MANIFEST_LIMIT = 64 << 20
+"""Bytes of a manifest read at most (one entry per rank: a few hundred bytes each)."""
 
 
 def files_standing(event: Event, file: RankFile, world: int) -> dict[int, RankFile]:

@@ -147,6 +147,8 @@ class AttemptRow:
     waited_s: Optional[float]
     cause: str
     """Whose failure ended it: ``rank 3 on vm2``, ``agent on vm2``, or ""."""
+    launch: Optional[int] = None
+    """The launch into the log directory it belongs to (0 for the first)."""
 
     @classmethod
     def parse(cls, fields: Fields) -> "AttemptRow":
@@ -158,7 +160,8 @@ class AttemptRow:
         return cls(fields.get("attempt", as_whole), fields.get("outcome", as_text, "?"),
                    fields.get("duration_s", as_real), fields.get("resumed_from", as_whole),
                    fields.get("nodes", as_whole), fields.get("world_size", as_whole),
-                   fields.get("waited_s", as_real), f"{who} on {host}" if who and host else who)
+                   fields.get("waited_s", as_real), f"{who} on {host}" if who and host else who,
+                   fields.get("launch", as_whole))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,9 +121,11 @@ def format_summary(summary: JobSummary) -> str:
              _checkpoint_line(summary), _mode_line(summary.ranks)]
     if summary.message:
         lines.append(summary.message)
-    if len(summary.attempts) > 1:
-        lines.append("attempts:  outcome          seconds  resumed from  nodes  ranks  waited  cause")
-        lines += [f"  {_shown(a.attempt):>7}  {a.outcome:<15} {_shown(a.duration_s, '{:.1f}'):>8}  "
+    if len(summary.attempts) > 1:  # launch: the same command run again into the log dir
+        lines.append("attempts:  launch  attempt  outcome          seconds  resumed from  nodes  "
+                     "ranks  waited  cause")
+        lines += [f"  {_shown(a.launch):>14}  {_shown(a.attempt):>7}  {a.outcome:<15} "
+                  f"{_shown(a.duration_s, '{:.1f}'):>8}  "
                   f"{_shown(a.resumed_from, 'step {}'):>12}  {_shown(a.nodes):>5}  "
                   f"{_shown(a.world_size):>5}  {_shown(a.waited_s, '{:.1f}'):>6}  {a.cause}"
                   for a in summary.attempts]

@@ -5,8 +5,9 @@ failed, so two failures on two hosts use two restarts of it. Before restart k th
 ``--restart-backoff`` x 2^(k-1) seconds, at most ``--restart-backoff-max``. With ``--min-nodes``
 a host whose ranks were the root cause of the last two failures in a row is left out of the next
 attempt, if at least that many hosts remain and the data still splits over the ranks left
-(``Shrink``). Two attempts in a row that failed at the same step with the same root cause and no
-newer complete checkpoint stop the job (``cannot_help``) with ``NO_PROGRESS_EXIT_CODE``.
+(``Shrink``). Two attempts in a row that failed at the same step (or both before any step or
+progress) with the same root cause and no newer complete checkpoint stop the job
+(``cannot_help``) with ``NO_PROGRESS_EXIT_CODE``.
 ``launch.run_with_restarts`` acts on what this module decides, and every attempt becomes one
 entry of summary.json's ``attempts`` (``AttemptRecord``).
 """
@@ -15,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from launcher.run.failures import JobResult
+from launcher.run.failures import JobResult, Outcome
 
 BLAMED_IN_A_ROW = 2
 """Failures in a row a host's ranks must have caused before it is left out."""
 NO_PROGRESS_EXIT_CODE = 93
 """The job's exit code when it stopped restarting because a restart cannot help: two attempts
-in a row failed at the same step with the same root cause and no newer complete checkpoint.
+in a row failed at the same step (or both before any) with the same root cause and no newer
+complete checkpoint.
 A scheduler's requeue hook can test it and not requeue (NVIDIA's resiliency extension uses 93
 for the same "do not requeue"; npu-launch's own codes are 1 a failure, 2 bad input, 124 a hang,
 128+N a signal, though a failed rank's own exit status becomes the job's)."""
@@ -54,7 +56,8 @@ class AttemptRecord:
     exit_code: int
     cause: Optional[dict[str, Any]]
     resumed_from: Optional[int]
-    """The complete step this attempt resumed from (None: from the start)."""
+    """The complete step this attempt resumed from (``Attempt.resumed_from``; None: from the
+    start, or not known)."""
     nodes: int
     world_size: int
     waited_s: float = 0.0
@@ -85,13 +88,20 @@ class AttemptRecord:
                 "left_out": list(self.left_out)}
 
 
+BEFORE_ANY_PROGRESS = ("start", 0)
+"""``FailurePoint.where`` of a rank that failed with no step and no progress count (after
+``init()``, before its first step: a bad model, a missing file): twice in a row with the same
+cause, it would fail there again."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FailurePoint:
     """Where and why an attempt failed, to tell a failure that will happen again: the step
     (``("step", N)``: the failed rank's last trainer step; ``("count", N)``: without trainer
     steps, its progress count, reported every 0.5 s at most, so it may differ between two
-    failures at the same place: then the job restarts, the safe side), the root cause (outcome,
-    process, rank, exception, error, return code) and the newest complete checkpoint step."""
+    failures at the same place: then the job restarts, the safe side; ``BEFORE_ANY_PROGRESS``:
+    neither yet; None: no rank's record to tell), the root cause (outcome, process, rank,
+    exception, error, return code) and the newest complete checkpoint step."""
 
     where: Optional[tuple[str, int]]
     cause: tuple[Any, ...]
@@ -112,19 +122,21 @@ class FailurePoint:
 
     def describe(self) -> str:
         kind, n = self.where or ("step", -1)
-        at = f"step {n}" if kind == "step" else f"progress count {n}"
+        at = ("before any step or progress" if self.where == BEFORE_ANY_PROGRESS else
+              f"at step {n}" if kind == "step" else f"at progress count {n}")
         rank = self.cause[2] if len(self.cause) > 2 else None
         exception = self.cause[3] if len(self.cause) > 3 else None
         who = f"rank {rank}" if rank is not None else "the job"
         checkpoint = ("no complete checkpoint" if self.complete is None
                       else f"no complete checkpoint newer than step {self.complete}")
-        return (f"at {at} with the same root cause ({who}, "
+        return (f"{at} with the same root cause ({who}, "
                 f"{exception or self.cause[0]}) and {checkpoint}")
 
 
 def cannot_help(before: Optional[FailurePoint], now: FailurePoint) -> bool:
     """Whether another restart would fail the same way: the last two attempts failed at the
-    same known step with the same root cause, and no newer complete checkpoint came between.
+    same known step (or both before any step or progress) with the same root cause, and no
+    newer complete checkpoint came between.
     The exception and error text count only when both failures have them (a rank's exit may
     be seen before its error report is read), and so does the return code (the job may be
     stopped on the report before the rank has exited)."""
@@ -146,6 +158,23 @@ def stop_restarting(result: JobResult, point: FailurePoint) -> JobResult:
             f"a restart cannot help (exit {NO_PROGRESS_EXIT_CODE})")
     return dataclasses.replace(result, exit_code=NO_PROGRESS_EXIT_CODE,
                                message=f"{result.message}\n{line}".lstrip())
+
+
+def not_restarted(result: JobResult, min_nodes: Optional[int]) -> str:
+    """The line that says why a failure is not restarted though restarts are left: it came
+    before start-up (``launch._started_up``), where it would only happen again; a script that
+    initialises no communication never gets there."""
+    cause = result.cause
+    rank = cause.rank if cause is not None else None
+    who = f"rank {rank}" if rank is not None else "the job"
+    did = "hung" if result.outcome is Outcome.STALLED else "failed"
+    if min_nodes is None:
+        return (f"npu-launch: not restarted: {who} {did} before every rank had initialised "
+                "communication (MindSpore's init() or torch's init_process_group; a failure "
+                "there repeats, and a script that calls neither is never restarted)")
+    before = "it called init()" if rank is not None else "every rank had called init()"
+    return (f"npu-launch: not restarted: {who} {did} before {before} (MindSpore's, or torch's "
+            "init_process_group; a failure there repeats on any host)")
 
 
 def blamed_host(result: JobResult) -> Optional[str]:

@@ -327,3 +327,24 @@ def test_a_complete_step_saved_again_gets_the_manifest_of_its_files_as_they_now_
     point = ledger.resume_point()
     assert point is not None and point.replicas == {1: str(copy)}
     assert Manifest.from_json(point.manifest).file_for(1) == now.file_for(1)
+
+
+def test_a_new_launch_knows_the_newest_step_an_earlier_one_left_complete(tmp_path: Path) -> None:
+    """The same command run again into the log directory: the ledger it starts with says the
+    newest step the earlier launch made complete (what a rank that resumes on its own loads),
+    passing over a manifest that does not read; it forgets nothing of this launch's own."""
+    logs = str(tmp_path / "logs")
+    assert CheckpointLedger(logs, world_size=2, data_parallel=True).earlier_step is None
+    earlier = CheckpointLedger(logs, world_size=2, data_parallel=True)
+    for step in (10, 20):
+        for rank in (0, 1):
+            earlier.record(_event(rank, "a", tmp_path / f"step_{step}" / f"rank_{rank}.ckpt",
+                                  b"x", step))
+    damaged = tmp_path / "logs" / "checkpoint_ledger" / "step_30"
+    damaged.mkdir()
+    (damaged / MANIFEST).write_text('{"step": 30')
+    (tmp_path / "logs" / "checkpoint_ledger" / "step_40").mkdir()  # never completed
+    again = CheckpointLedger(logs, world_size=2, data_parallel=True)
+    assert again.earlier_step == 20
+    assert again.complete_steps == [] and again.resume_point() is None, \
+        "a restart of this launch is told only of steps this launch saw complete"

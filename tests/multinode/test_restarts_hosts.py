@@ -143,12 +143,15 @@ def test_a_host_whose_ranks_fail_inside_init_is_left_out(ssh_cluster, tmp_path_f
     assert f"leaving {b} out" in result.stderr
     assert_no_job_processes(ssh_cluster, "init-fails")
 
-    # Without --min-nodes the same failure is a start-up error: not restarted.
+    # Without --min-nodes the same failure is a start-up error: not restarted, and one line
+    # says why.
     again = run_on_node0(ssh_cluster, [
         "--hostfile", str(hostfile), *_ssh(ssh_cluster), "--job-id", "init-fails-2",
         "--max-restarts", "2", "--log-dir", str(work / "logs2"), JOB,
         "--fail-init-on-host", b], cwd=work)
-    assert again.returncode == 1 and "restart" not in again.stderr, again.stderr[-3000:]
+    assert again.returncode == 1 and "restart 1" not in again.stderr, again.stderr[-3000:]
+    assert ("npu-launch: not restarted: rank 1 failed before every rank had initialised "
+            "communication") in again.stderr, again.stderr[-3000:]
     assert_no_job_processes(ssh_cluster, "init-fails-2")
 
 

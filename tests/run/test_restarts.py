@@ -68,7 +68,7 @@ def test_restarts_back_off_and_each_attempt_is_in_the_summary(weird_tmp: Path) -
     assert [r["attempt"] for r in records if r.get("event") == "attempt"] == [0, 1, 2]
     report = run_launcher("report", "--no-plot", str(logs))
     assert report.returncode == 0, report.stderr
-    assert "attempts:  outcome" in report.stdout and "rank 1 on " in report.stdout
+    assert "attempts:  launch  attempt  outcome" in report.stdout and "rank 1 on " in report.stdout
     assert_no_job_processes("backoff")
 
 
@@ -217,6 +217,7 @@ def test_a_complete_step_is_reshaped_for_fewer_ranks_and_the_ledger_forgets_the_
 def test_the_report_lists_the_attempts(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
+    # Written before attempts named their launch: the report shows "-" for it.
     attempt = {"attempt": 0, "outcome": "failed", "duration_s": 12.5, "resumed_from": None,
                "nodes": 2, "world_size": 4, "waited_s": 0,
                "cause": {"process": "rank", "rank": 3, "host": "vm2"}}
@@ -232,8 +233,8 @@ def test_the_report_lists_the_attempts(tmp_path: Path) -> None:
     assert 'skipped summary.json:attempts[2]: not an object, got "not an attempt"' in text
     rows = [line.split() for line in text.splitlines()
             if line.startswith("  ") and ("failed" in line or "step 22" in line)]
-    assert rows == [["0", "failed", "12.5", "-", "2", "4", "0.0", "rank", "3", "on", "vm2"],
-                    ["1", "succeeded", "12.5", "step", "22", "1", "2", "1.0"]], text
+    assert rows == [["-", "0", "failed", "12.5", "-", "2", "4", "0.0", "rank", "3", "on", "vm2"],
+                    ["-", "1", "succeeded", "12.5", "step", "22", "1", "2", "1.0"]], text
 
 
 def _failed_rank(rank: int, exception: str = "RuntimeError") -> JobResult:
@@ -242,7 +243,13 @@ def _failed_rank(rank: int, exception: str = "RuntimeError") -> JobResult:
 
 
 def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_newer() -> None:
-    from launcher.run.restarts import NO_PROGRESS_EXIT_CODE, FailurePoint, cannot_help, stop_restarting
+    from launcher.run.restarts import (
+        BEFORE_ANY_PROGRESS,
+        NO_PROGRESS_EXIT_CODE,
+        FailurePoint,
+        cannot_help,
+        stop_restarting,
+    )
     first = FailurePoint.of(_failed_rank(1), ("step", 50), None)
     assert not cannot_help(None, first), "one failure says nothing yet"
     assert cannot_help(first, FailurePoint.of(_failed_rank(1), ("step", 50), None))
@@ -265,9 +272,106 @@ def test_a_restart_cannot_help_only_after_the_same_failure_twice_with_nothing_ne
         "a newer complete checkpoint: the next attempt starts elsewhere"
     assert not cannot_help(FailurePoint.of(_failed_rank(1), None, None),
                            FailurePoint.of(_failed_rank(1), None, None)), "where unknown: restart"
+    before_any = FailurePoint.of(_failed_rank(1), BEFORE_ANY_PROGRESS, None)
+    assert cannot_help(before_any, FailurePoint.of(_failed_rank(1), BEFORE_ANY_PROGRESS, None)), \
+        "no step and no progress twice, the same cause: the same failure"
+    assert not cannot_help(before_any, FailurePoint.of(_failed_rank(1), ("count", 3), None))
+    assert not cannot_help(before_any, FailurePoint.of(_failed_rank(1), None, None))
+    assert not cannot_help(before_any, FailurePoint.of(_failed_rank(0), BEFORE_ANY_PROGRESS, None))
+    assert not cannot_help(before_any, FailurePoint.of(_failed_rank(1), BEFORE_ANY_PROGRESS, 8)), \
+        "a complete checkpoint came between: the next attempt starts elsewhere"
+    assert stop_restarting(_failed_rank(1), before_any).message.splitlines()[-1] == (
+        "npu-launch: not restarting: the last two attempts failed before any step or progress "
+        "with the same root cause (rank 1, RuntimeError) and no complete checkpoint: a restart "
+        "cannot help (exit 93)")
     stopped = stop_restarting(_failed_rank(1), FailurePoint.of(_failed_rank(1), ("count", 7), 44))
     assert stopped.exit_code == NO_PROGRESS_EXIT_CODE == 93
     assert stopped.message.splitlines()[-1] == (
         "npu-launch: not restarting: the last two attempts failed at progress count 7 with the "
         "same root cause (rank 1, RuntimeError) and no complete checkpoint newer than step 44: "
         "a restart cannot help (exit 93)")
+
+
+def test_the_same_failure_before_any_step_twice_stops_the_restarts_with_exit_93(
+        weird_tmp: Path) -> None:
+    """Every rank initialises, then rank 1 raises before any step or progress, every time: the
+    second failure stops the job (exit 93) instead of spending the whole budget."""
+    logs = weird_tmp / "logs"
+    result = run_launcher(*CPU, "--max-restarts", "3", "--restart-backoff", "0", "--job-id",
+                          "no-progress", "--log-dir", str(logs), JOB, "--fail-rank", "1")
+    assert result.returncode == 93, result.stderr[-3000:]
+    assert "restart 1 of 3 after: job no-progress failed: rank 1" in result.stderr
+    assert "restart 2 " not in result.stderr
+    # The exception is known once a sighting of either failure read the rank's error report.
+    assert re.search(r"^npu-launch: not restarting: the last two attempts failed before any step "
+                     r"or progress with the same root cause \(rank 1, (ValueError|failed)\) and "
+                     r"no complete checkpoint: a restart cannot help \(exit 93\)$", result.stderr,
+                     re.MULTILINE), result.stderr[-3000:]
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["exit_code"] == 93
+    assert [(a["outcome"], a["exit_code"]) for a in summary["attempts"]] == [("failed", 1)] * 2
+    assert_no_job_processes("no-progress")
+
+
+def test_a_failure_before_communication_is_not_restarted_and_one_line_says_why(
+        weird_tmp: Path) -> None:
+    """A script that initialises no communication and fails: the budget goes unused, and with
+    --max-restarts given one line after the failure says why (none without it)."""
+    script = weird_tmp / "fails.py"
+    script.write_text('raise RuntimeError("always")\n')
+    result = run_launcher(*CPU, "--max-restarts", "3", "--restart-backoff", "0", "--job-id",
+                          "unrestarted", "--log-dir", str(weird_tmp / "logs"), str(script))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "restart 1" not in result.stderr
+    said = [line for line in result.stderr.splitlines() if "not restart" in line]
+    assert len(said) == 1 and re.fullmatch(
+        r"npu-launch: not restarted: rank [01] failed before every rank had initialised "
+        r"communication \(MindSpore's init\(\) or torch's init_process_group; a failure there "
+        r"repeats, and a script that calls neither is never restarted\)", said[0]), result.stderr
+    assert result.stderr.index("failed: rank") < result.stderr.index(said[0]), "after the failure"
+    summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
+    assert said[0] in summary["message"] and len(summary["attempts"]) == 1
+    plain = run_launcher(*CPU, "--job-id", "unrestarted", "--log-dir", str(weird_tmp / "again"),
+                         str(script))
+    assert plain.returncode == 1 and "not restarted" not in plain.stderr, plain.stderr
+    assert_no_job_processes("unrestarted")
+
+
+def test_the_line_names_the_rule_that_applied() -> None:
+    from launcher.run.restarts import not_restarted
+    assert not_restarted(_failed_rank(2), 3) == (
+        "npu-launch: not restarted: rank 2 failed before it called init() (MindSpore's, or "
+        "torch's init_process_group; a failure there repeats on any host)")
+    nobody = JobResult(Outcome.FAILED, 1, "", 0.0, Cause(Outcome.FAILED, "agent", None, "h"))
+    assert not_restarted(nobody, 3).startswith(
+        "npu-launch: not restarted: the job failed before every rank had called init() (")
+    hung = JobResult(Outcome.STALLED, 124, "", 0.0, Cause(Outcome.STALLED, "rank", 1, "h"))
+    assert not_restarted(hung, None).startswith(
+        "npu-launch: not restarted: rank 1 hung before every rank had initialised communication (")
+
+
+RESUMING = str(RANK_SCRIPTS / "resuming_job.py")
+
+
+def test_the_same_command_run_again_records_the_step_it_resumed_from(weird_tmp: Path) -> None:
+    """The first launch completes step 4 and fails at step 6; the same command run again into
+    its log directory resumes from step 4 on its own (no NPU_LAUNCH_RESUME_STEP: it is no
+    restart): its attempt says so, and the report tells the two launches apart."""
+    logs = weird_tmp / "logs"
+    command = ("--device", "cpu", "--cards", "2", "--job-id", "again", "--log-dir", str(logs),
+               RESUMING, "--fail-fresh", "1")
+    first = run_launcher(*command)
+    assert first.returncode == 1, first.stderr[-3000:]
+    second = run_launcher(*command)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "rank 1 resumed from step 4" in second.stdout, second.stdout
+    assert [(a["launch"], a["attempt"], a["outcome"], a["resumed_from"])
+            for a in _attempts(logs)] == [(0, 0, "failed", None), (1, 0, "succeeded", 4)]
+    report = run_launcher("report", "--no-plot", str(logs))
+    assert report.returncode == 0, report.stderr
+    rows = [line.split() for line in report.stdout.splitlines()
+            if line.startswith("  ") and ("failed" in line or "succeeded" in line)]
+    assert [row[:3] for row in rows] == [["0", "0", "failed"], ["1", "0", "succeeded"]], \
+        report.stdout
+    assert rows[0][4] == "-" and rows[1][4:6] == ["step", "4"], report.stdout
+    assert_no_job_processes("again")
