@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import os
 import re
 import socket
@@ -47,7 +48,9 @@ RANK_TABLE_ENV = "NPU_LAUNCH_POD_RANK_TABLE"
 KUBERNETES = "KUBERNETES_SERVICE_HOST"
 """Set by the kubelet in every container of every pod."""
 
-_ADDRESS = re.compile(r"[A-Za-z0-9_:.%\[\]-]{1,253}")
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                        r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+"""A DNS name (a Kubernetes service's): dot-separated labels of letters, digits, ``-`` and ``_``."""
 _ASCEND_KEYS = ("MS_ROLE", "MS_SCHED_HOST", "MS_WORKER_NUM")
 _KUBEFLOW_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
@@ -261,8 +264,15 @@ def _port(environ: Mapping[str, str], key: str) -> int:
 
 
 def _address(environ: Mapping[str, str], key: str) -> str:
+    """An IP address, or a name that can resolve: a service name is waited for until its pod
+    runs (``pod_waits.with_master_ip``), so one that never could (``%%%``) is refused now."""
     text = _required(environ, key)
-    if not _ADDRESS.fullmatch(text):
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+        return text
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(text):
         raise ConfigError(f"{key}={shown(text)}: expected a host name or an IP address")
     return text
 

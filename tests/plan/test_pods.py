@@ -132,6 +132,9 @@ def test_outside_a_pod_or_with_an_explicit_launcher_nothing_is_detected(weird_tm
     ("ascend_worker_1_of_2", {"MS_SERVER_NUM": "1"}, ["MS_SERVER_NUM='1': parameter servers"]),
     ("ascend_worker_1_of_2", {"MS_SCHED_HOST": ""}, ["MS_SCHED_HOST: not set in this pod"]),
     ("ascend_worker_1_of_2", {"MS_SCHED_HOST": "a b"}, ["MS_SCHED_HOST='a b': expected a host"]),
+    # A service name is waited for until it resolves; one that never could is refused at once.
+    ("kubeflow_master", {"MASTER_ADDR": "%%%"}, ["MASTER_ADDR='%%%': expected a host name"]),
+    ("kubeflow_master", {"MASTER_ADDR": "a..svc"}, ["MASTER_ADDR='a..svc': expected a host"]),
 ])
 def test_inconsistent_operator_environment_is_one_line(case: str, change: dict, needles: list,
                                                        weird_tmp: Path) -> None:
