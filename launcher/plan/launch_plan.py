@@ -216,17 +216,21 @@ class LaunchPlan:
                 f"master {self.master_addr}:{self.master_port}"
                 f"{f' ({self.master_name})' if self.master_name else ''}\nlog dir: {self.log_dir}\n"
                 f"working dir: {self.workdir}")
-        return "\n".join([head, *map(_render_process, self.processes)])
+        return "\n".join([head, *(_render_process(spec, self.foreground and spec.role is Role.RANK)
+                                   for spec in self.processes)])
 
 
-def _render_process(spec: ProcessSpec) -> str:
+def _render_process(spec: ProcessSpec, foreground: bool = False) -> str:
+    """One process of ``--dry-run``'s plan; a rank in the foreground writes to the terminal,
+    not to its log."""
     who = f"rank {spec.rank}" if spec.role is Role.RANK else spec.role.value
     device = "" if spec.device_id is None else f"  device {spec.device_id}"
     env = "\n".join(f"    {k}={v}" for k, v in sorted(spec.env.items()))
     bound = spec.binding
     cores = "" if bound is None else f"  {bound.describe(spec.host)}\n"
     argv = spec.known_command
-    return (f"{who}  [{spec.label}]{device}  log {spec.log_path}\n{cores}  env:\n{env}\n"
+    log = "output to this terminal (in the foreground)" if foreground else f"log {spec.log_path}"
+    return (f"{who}  [{spec.label}]{device}  {log}\n{cores}  env:\n{env}\n"
             f"  cmd: {shlex.join(argv)}")
 
 
