@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from rank_tables.bounded import MAX_DEVICE_ID, whole_number
 from rank_tables.structure import Check, Fault, JsonPath, compile_schema, describe, format_path
+from rank_tables.surrogates import all_text, surrogates
 
 VERSIONS = ("1.0", "1.2")
 MAX_PORT = 65535
@@ -58,6 +59,10 @@ def validate(doc: Any) -> list[Problem]:
         view = _TableView.of(doc)
         for check in _SEMANTIC_CHECKS:
             problems.extend(check(view))
+    if not all_text(doc):
+        faulted = {p.path for p in problems}
+        problems.extend(Problem(format_path(path), message) for path, message in surrogates(doc)
+                        if format_path(path) not in faulted)
     return problems
 
 

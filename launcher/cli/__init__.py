@@ -1,4 +1,5 @@
 """The commands: ``npu-launch`` and its subcommands (``main``), the run options and the
 ``--config`` file made into a config (``run_config``), their grouped help (``help_groups``),
-``npu-launch rank-table`` (``rank_table``, ``rank_table_cluster``). The one place a refusal
-becomes a message and an exit code."""
+``npu-launch rank-table`` (``rank_table``, ``rank_table_cluster``), and what they print when
+standard output is closed or full (``standard_output``). The one place a refusal becomes a
+message and an exit code."""

@@ -16,6 +16,7 @@ from launcher import __version__
 from launcher.cli.help_groups import EXAMPLES, GroupedCommand, HelpGroup
 from launcher.cli.rank_table import rank_table
 from launcher.cli.run_config import build_config, pointing_at, working_dir
+from launcher.cli.standard_output import console_stream, hold_standard_fds, print_out
 from launcher.cluster.backends import TransportOptions
 from launcher.cluster.preflight import render, run_preflight
 from launcher.config import msrun_args, msrun_compat
@@ -177,7 +178,7 @@ def run_command(ctx: click.Context, **options: Any) -> int:
     """Run SCRIPT once per card and supervise it until the job ends."""
     config, origins = build_config(ctx, options)
     with pointing_at(origins):
-        return launch(config, os.environ, sys.stdout, sys.stderr)
+        return _launch(config)
 
 
 @cli.command("preflight")
@@ -225,7 +226,18 @@ def msrun_command(argv: tuple[str, ...]) -> int:
         make_job(config, os.environ, io.StringIO())
         for note in translation.notes:
             click.echo(f"npu-launch msrun: {note}", err=True)
-        return launch(config, os.environ, sys.stdout, sys.stderr)
+        return _launch(config)
+
+
+def _launch(config: LaunchConfig) -> int:
+    """``launch``, with standard output closed, full or a pipe nobody reads: a plan that
+    cannot be written is an error, rank lines that cannot are left to the rank logs."""
+    if not config.dry_run:
+        return launch(config, os.environ, console_stream(), sys.stderr)
+    plan = io.StringIO()
+    code = launch(config, os.environ, plan, sys.stderr)
+    print_out(plan.getvalue(), "the plan")
+    return code
 
 
 def msrun_config(parsed: msrun_args.MsrunArgs
@@ -247,6 +259,7 @@ def run_option_arity() -> dict[str, bool]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point, and the one place errors become exits: bad input is one line and exit 2;
     an exception of any other kind is a bug in npu-launch, said in one line with exit 1."""
+    hold_standard_fds()
     try:
         code = cli.main(args=list(argv) if argv is not None else None, prog_name="npu-launch",
                         standalone_mode=False)

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from launcher.cli.rank_table_cluster import ClusterConfig, cluster_table, parse_host_paths
+from launcher.cli.standard_output import print_out
 from launcher.errors import ConfigError, LaunchError
 from launcher.limits import MAX_NODES, shown, whole_number
 from parallel import contract
@@ -162,10 +163,10 @@ def validate(files: Sequence[Path]) -> None:
         except RankTableError as exc:
             problems.append(exc.message)
             continue
-        click.echo(f"{path}: valid rank table v{table.version}, {len(table.servers)} server(s), "
-                   f"{table.rank_count} rank(s)")
+        print_out(f"{path}: valid rank table v{table.version}, {len(table.servers)} server(s), "
+                  f"{table.rank_count} rank(s)\n", "the result")
     if len(problems) > 1:
-        click.echo("\n".join(problems))
+        print_out("\n".join(problems) + "\n", "the problems")
         raise RankTableError(f"{problems[0]} ({len(problems)} problems in all, listed above)")
     if problems:
         raise RankTableError(problems[0])
@@ -175,7 +176,7 @@ def validate(files: Sequence[Path]) -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 def show(file: Path) -> None:
     """Print a table of rank, server, device and device IP."""
-    click.echo(format_table(load_rank_table(file)), nl=False)
+    print_out(format_table(load_rank_table(file)), "the table")
 
 
 def _tool_path() -> str:
@@ -185,7 +186,7 @@ def _tool_path() -> str:
 def _write(table: RankTable, output: str) -> None:
     text = table.dumps()
     if output == STDOUT:
-        click.echo(text, nl=False)
+        print_out(text, "the table")
         return
     try:
         Path(output).write_text(text, encoding="utf-8")

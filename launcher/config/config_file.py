@@ -76,9 +76,29 @@ def _settings_from_mapping(path: str, node: yaml.MappingNode) -> dict[str, FileS
         key = str(key_node.value).replace("-", "_")
         if key in settings:
             raise ConfigError(f"{path}:{line}: {shown(key_node.value)} given twice")
+        _refuse_surrogates(path, key, value_node)
         settings[key] = FileSetting(_construct(path, key, value_node), line,
                                     _key_lines(value_node))
     return settings
+
+
+def _refuse_surrogates(path: str, key: str, node: yaml.Node) -> None:
+    """YAML's ``"\\ud800"`` escape builds a lone surrogate, which no file name, argument or
+    variable can hold (encoding it fails later, far from this file): refuse it on its line."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, yaml.ScalarNode):
+            try:
+                str(item.value).encode("utf-8")
+            except UnicodeEncodeError as e:
+                escape = ascii(e.object[e.start])[1:-1]
+                raise ConfigError(f"{path}:{item.start_mark.line + 1}: {key}: {shown(item.value)}: "
+                                  f"the escape {escape} is a lone surrogate, not a character") from None
+        elif isinstance(item, yaml.SequenceNode):
+            stack.extend(item.value)
+        elif isinstance(item, yaml.MappingNode):
+            stack.extend(part for pair in item.value for part in pair)
 
 
 def _construct(path: str, key: str, node: yaml.Node) -> Any:

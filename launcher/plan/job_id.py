@@ -40,4 +40,8 @@ def batch_job_id(environ: Mapping[str, str], script: str, script_args: Sequence[
         raise ConfigError(f"{JOB_ID} {shown(job)}: not a Slurm job id (at most {_MAX_DIGITS} "
                           "ASCII digits); give --job-id or --log-dir")
     command = "\0".join([os.path.abspath(script), *script_args])
-    return f"slurm-{job}-{hashlib.sha256(command.encode()).hexdigest()[:8]}"
+    # A file name or argument that is not UTF-8 reaches Python as surrogate escapes ($'\xff'
+    # is "\udcff"): "surrogatepass" gives every text the same bytes each time, so the
+    # requeued job still finds its id.
+    digest = hashlib.sha256(command.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"slurm-{job}-{digest[:8]}"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 import threading
 import time
-from typing import BinaryIO, Callable, Optional, Protocol
+from typing import IO, Any, BinaryIO, Callable, Optional, Protocol
 
 LineSink = Callable[[bytes], None]
 
@@ -37,6 +38,7 @@ class Console:
         self._stream = stream
         self._lock = threading.Lock()
         self._rank_lines: Optional[RankLinesView] = None
+        self._lost = False
 
     def show_rank_lines(self, view: "RankLinesView") -> None:
         self._rank_lines = view
@@ -62,8 +64,26 @@ class Console:
 
     def write_line(self, prefix: bytes, line: bytes) -> None:
         with self._lock:
-            self._stream.write(prefix + line + b"\n")
-            self._stream.flush()
+            if self._lost:
+                return
+            try:
+                self._stream.write(prefix + line + b"\n")
+                self._stream.flush()
+            except (OSError, ValueError) as e:  # a full disk, a closed pipe or a closed file
+                self._give_up(e)
+
+    def _give_up(self, error: Exception) -> None:
+        """Under the lock: stop writing to a console that cannot take lines. The job goes on;
+        the pumps keep writing every rank's log file, so nothing but the console copy is lost."""
+        self._lost = True
+        why = getattr(error, "strerror", None) or str(error)
+        quiet_at_exit(self._stream)
+        try:
+            sys.stderr.write(f"npu-launch: cannot write rank lines to standard output ({why}); "
+                             "they go to the rank logs only\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):  # stderr is gone too: nobody to tell
+            pass
 
     def sink(self, label: str) -> LineSink:
         """Where a process's lines go to be shown as ``[label] line``."""
@@ -137,6 +157,19 @@ class Pump(threading.Thread):
         if self._on_line is not None and self._pending and self._pending != self._shown_pending:
             self._on_line(_latest_state(self._pending))
         self._pending = b""
+
+
+def quiet_at_exit(stream: IO[Any]) -> None:
+    """Point a failed stream's file descriptor at /dev/null: Python flushes standard output
+    once more at exit, and would print a traceback for the text the failed write left behind."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's BytesIO): no flush
+        pass
 
 
 def _latest_state(line: bytes) -> bytes:

@@ -94,6 +94,28 @@ def test_a_hostile_config_file_is_refused_at_once(weird_tmp: Path, content: byte
     assert not (weird_tmp / "logs").exists()
 
 
+@pytest.mark.parametrize("text, line, words", [
+    ('device: cpu\nenv: {A: "\\ud800"}\n', 2, "env: '\\ud800': the escape \\ud800 is a lone surrogate"),
+    ('device: cpu\nenv:\n  B: ok\n  A: "x\\udcff"\n', 4, "env: 'x\\udcff': the escape \\udcff"),
+    ('env: {"\\ud800": x}\n', 1, "env: '\\ud800'"),
+    ('script: "\\ud800"\n', 1, "script: '\\ud800'"),
+    ('script_args: [a, "\\ud800"]\n', 1, "script_args: '\\ud800'"),
+    ('log_dir: "\\ud800"\n', 1, "log_dir: '\\ud800'"),
+    ('hostfile: "\\ud800"\n', 1, "hostfile: '\\ud800'"),
+    ('rank-table: "\\ud800"\n', 1, "rank_table: '\\ud800'"),
+], ids=["env value", "env value, its line", "env name", "script", "script_args", "log_dir", "hostfile",
+        "rank_table"])
+def test_a_lone_surrogate_escape_is_refused_on_its_line(weird_tmp: Path, text: str, line: int,
+                                                        words: str) -> None:
+    """YAML's "\\ud800" is no character: no file name, argument or variable can hold it."""
+    cfg = weird_tmp / "job.yaml"
+    cfg.write_text(text)
+    result = run_launcher("--config", str(cfg), "--device", "cpu", "--dry-run", "--log-dir",
+                          str(weird_tmp / "logs"), SCRIPT)
+    assert_one_line_error(result, f"{cfg}:{line}: {words}", "not a character")
+    assert not (weird_tmp / "logs").exists()
+
+
 def test_config_from_dev_zero_is_refused() -> None:
     result = run_launcher("--config", "/dev/zero", SCRIPT, timeout=60)
     assert_one_line_error(result, "--config /dev/zero: larger than 1024 KiB")

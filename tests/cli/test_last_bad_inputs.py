@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -239,6 +240,29 @@ def test_two_operators_that_agree_run_as_the_ascend_operator_says(tmp_path: Path
     assert result.returncode == 0, result.stderr
     assert "detected: ascend-operator pod (MS_ROLE=MS_WORKER), node 1 of 2" in result.stdout + \
         result.stderr
+
+
+# A Slurm allocation's node list that is not text ---------------------------------------------------
+
+def _fake_scontrol(tmp: Path, answer: bytes) -> dict[str, str]:
+    """An environment inside an allocation whose ``scontrol show hostnames`` prints ``answer``."""
+    tools = tmp / "bin"
+    tools.mkdir()
+    scontrol = tools / "scontrol"
+    scontrol.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.buffer.write({answer!r})\n")
+    scontrol.chmod(0o755)
+    return {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "123"}
+
+
+@pytest.mark.parametrize("nodelist, answer, needles", [
+    (b"node\xff", b"node\xff\n", ("--launcher slurm: SLURM_JOB_NODELIST 'node\\udcff': not ASCII text",)),
+    (b"node1", b"node\xff\n", ("--launcher slurm: scontrol expands SLURM_JOB_NODELIST 'node1' to names "
+                                 "that are not UTF-8 text",)),
+], ids=["the variable", "scontrol's answer"])
+def test_a_slurm_node_list_that_is_not_text_is_one_line(tmp_path: Path, nodelist: bytes, answer: bytes,
+                                                        needles: tuple) -> None:
+    env = {**_fake_scontrol(tmp_path, answer), "SLURM_JOB_NODELIST": os.fsdecode(nodelist)}
+    _refused(tmp_path, *CPU, "--dry-run", "--cards", "1", _script(tmp_path), env=env, needles=needles)
 
 
 # npu-launch report on odd inputs -------------------------------------------------------------------

@@ -3,9 +3,10 @@ script, where a requeued job's same command must find its own log directory agai
 (``launcher/plan/job_id.py``). Shown by ``--dry-run``: nothing starts."""
 import os
 import re
+import subprocess
 from pathlib import Path
 
-from helpers import RANK_SCRIPTS, assert_one_line_error, run_launcher
+from helpers import RANK_SCRIPTS, assert_one_line_error, npu_launch_argv, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "plain_job.py")
 CPU = ("--device", "cpu", "--cards", "1", "--launcher", "local")
@@ -47,3 +48,25 @@ def test_a_job_id_that_is_no_number_is_one_line(tmp_path: Path) -> None:
     result = run_launcher(*CPU, SCRIPT, cwd=tmp_path, env=env)
     assert_one_line_error(result, "SLURM_JOB_ID '../../etc'", "not a Slurm job id")
     assert list(tmp_path.iterdir()) == []
+
+
+
+def test_a_command_that_is_not_utf8_still_names_the_batch_job(tmp_path: Path) -> None:
+    """A file name or argument of bytes that are not UTF-8 (``$'\\xff'``) reaches Python as
+    surrogate escapes; the id hashes them alike each time."""
+    env = {**os.environ, "ENVIRONMENT": "BATCH", "SLURM_JOB_ID": "4242"}
+    script = tmp_path / os.fsdecode(b"job\xff.py")
+    script.write_text(Path(SCRIPT).read_text())
+
+    def log_dir(*args: str) -> str:
+        result = subprocess.run(npu_launch_argv(*CPU, "--dry-run", *args), cwd=tmp_path, env=env,
+                                capture_output=True, text=True, errors="surrogateescape", timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        (line,) = [x for x in result.stdout.splitlines() if x.startswith("log dir: ")]
+        return line.removeprefix("log dir: ")
+
+    argument = os.fsdecode(b"--steps=\xff")
+    first = log_dir(str(script), argument)
+    assert first == log_dir(str(script), argument)
+    assert re.fullmatch(r".*/slurm-4242-[0-9a-f]{8}", first), first
+    assert first != log_dir(SCRIPT, argument)

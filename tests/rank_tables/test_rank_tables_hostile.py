@@ -103,6 +103,13 @@ def super_pod_with_a_list_as_server_id() -> str:
 
 TABLES["v1.2, a list as server_id"] = (super_pod_with_a_list_as_server_id(),
                                        ("server_list[0].server_id: must be a string, got a list",))
+# JSON's "\ud800" escape reads as a lone surrogate: no character, so nothing can print or send it.
+TABLES["a lone surrogate as server_id"] = (
+    changed(lambda d: d["server_list"][0].update(server_id="\ud800")),
+    ('{f}: server_list[0].server_id: must be UTF-8 text, got "\\ud800" (a lone surrogate escape)',))
+TABLES["a lone surrogate as an extra key"] = (
+    changed(lambda d: device(d).update({"x\udcff": "1"})),
+    ('{f}: server_list[0].device[0]: the key "x\\udcff" is not UTF-8 text (a lone surrogate escape)',))
 
 
 def write(path: Path, content: Content) -> Path:
@@ -152,13 +159,28 @@ def test_launch_with_a_hostile_rank_table_starts_nothing(table_file: tuple[Path,
     assert not (path.parent / "npu_launch_logs").exists()
 
 
-@pytest.mark.parametrize("name", ["/dev/zero", "nested 100,000 deep", "a number of 5000 digits", "version 9.9"])
+@pytest.mark.parametrize("name", ["/dev/zero", "nested 100,000 deep", "a number of 5000 digits", "version 9.9",
+                                  "a lone surrogate as server_id"])
 @pytest.mark.parametrize("command", [["show"], ["merge", "-o", "-"]])
 def test_show_and_merge_refuse_in_one_line(weird_tmp: Path, name: str, command: list[str]) -> None:
     content, words = TABLES[name]
     path = write(weird_tmp / "t.json", content)
     assert_refused(run("rank-table", command[0], str(path), *command[1:], cwd=weird_tmp),
                    *(w.replace("{f}", str(path)) for w in words))
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+@pytest.mark.parametrize("command", [["show"], ["merge", "-o", "-"], ["validate"]])
+def test_show_and_merge_to_an_unwritable_stdout_are_one_line(weird_tmp: Path, command: list[str],
+                                                            stdout: str) -> None:
+    table = str(RANK_TABLE_EXAMPLES / "rank_table_1x8_v1.0.json")
+    argv = npu_launch_argv("rank-table", command[0], table, *command[1:])
+    with open(os.devnull if stdout == "closed" else stdout, "wb") as out:
+        result = subprocess.run(argv, cwd=weird_tmp, stdout=out, stderr=subprocess.PIPE, text=True,
+                                timeout=TIMEOUT_S, preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    why = "it is closed" if stdout == "closed" else "No space left on device"
+    what = "the result" if command == ["validate"] else "the table"
+    assert_refused(result, f"npu-launch: error: cannot write {what} to standard output: {why}")
 
 
 def test_several_problems_are_one_error_line_and_listed_on_stdout(weird_tmp: Path) -> None:

@@ -2,11 +2,14 @@
 MindSpore's own log lines kept off the console: ``run/test_binding_ranks.py``'s MindSpore job.)"""
 from __future__ import annotations
 
+import os
 import re
 import socket
+import subprocess
 from pathlib import Path
 
-from helpers import RANK_SCRIPTS, assert_no_job_processes, per_rank, run_launcher
+import pytest
+from helpers import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, per_rank, run_launcher
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 
@@ -46,3 +49,30 @@ def test_console_filter_and_failing_exit_code(weird_tmp: Path) -> None:
     assert "exited with code 7" in result.stderr
     assert_no_job_processes("filt")
 
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed", "a pipe nobody reads"])
+def test_a_console_that_cannot_be_written_leaves_the_job_and_its_logs_whole(weird_tmp: Path,
+                                                                           stdout: str) -> None:
+    """Only the console's copy of the rank lines is lost, said once on stderr."""
+    logs = weird_tmp / "logs"
+    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", "mute", "--log-dir",
+                           str(logs), CHATTY, "--lines", "300")
+    if stdout == "a pipe nobody reads":
+        read, write = os.pipe()
+        os.close(read)
+        out = os.fdopen(write, "wb")
+    else:
+        out = open(os.devnull if stdout == "closed" else stdout, "wb")
+    with out:
+        result = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE, text=True, timeout=300,
+                                preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    lost = [line for line in result.stderr.splitlines() if "cannot write rank lines" in line]
+    assert len(lost) == 1 and lost[0].endswith("they go to the rank logs only"), result.stderr
+    for rank in (0, 1):
+        raw = (logs / f"rank_{rank}.log").read_bytes()
+        assert raw.count(b"\n") == 300 and raw.endswith(b"\rprogress 100%"), raw[-80:]
+    assert "finished: 2 rank(s) exited 0" in result.stderr
+    assert_no_job_processes("mute")

@@ -19,26 +19,35 @@ SCONTROL_TIMEOUT = 30.0
 
 def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
     """The allocation's node names, expanded by ``scontrol`` (``node[1-3]`` -> 3 names)."""
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    variable = "SLURM_JOB_NODELIST" if environ.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = environ.get(variable)
     if not nodelist:
         raise ConfigError("--launcher slurm: not inside a Slurm allocation "
                           "(SLURM_JOB_NODELIST is not set)")
     if nodelist.startswith("-"):  # scontrol would take it for one of its options
         raise ConfigError(f"--launcher slurm: node list {shown(nodelist)} starts with '-'")
+    if not nodelist.isascii():  # no host name has other characters (check_host_name)
+        raise ConfigError(f"--launcher slurm: {variable} {shown(nodelist)}: not ASCII text "
+                          "(node names are letters, digits, '.', '_' and '-')")
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, check=True, env=dict(environ),
-                             timeout=SCONTROL_TIMEOUT).stdout
+                             check=True, env=dict(environ), timeout=SCONTROL_TIMEOUT).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise ConfigError(f"--launcher slurm: cannot expand {shown(nodelist)} with scontrol: "
                           f"{_complaint(e)}".strip()) from None
-    return _checked(out.split(), nodelist)
+    try:
+        names = out.decode("utf-8").split()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--launcher slurm: scontrol expands {variable} {shown(nodelist)} to "
+                          "names that are not UTF-8 text") from None
+    return _checked(names, nodelist)
 
 
 def _complaint(e: BaseException) -> str:
-    """scontrol's last line of stderr (text only: a timeout may hold bytes), else the error."""
+    """scontrol's last line of stderr, else the error."""
     stderr = getattr(e, "stderr", None)
-    lines = stderr.strip().splitlines() if isinstance(stderr, str) else []
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else ""
+    lines = text.strip().splitlines()
     return (lines[-1] if lines else str(e))[:200]
 
 
