@@ -6,6 +6,7 @@ launcher.cli.rank_table`` runs the group on its own.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -188,10 +189,15 @@ def _write(table: RankTable, output: str) -> None:
     if output == STDOUT:
         print_out(text, "the table")
         return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
+    try:  # a FIFO nobody reads would block the open for ever: not blocking, it fails (ENXIO)
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+        os.set_blocking(fd, True)
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
     except OSError as exc:
-        raise ConfigError(f"{display_name(output)}: cannot write: {exc.strerror or exc}") from None
+        why = "a pipe nobody reads" if exc.errno == errno.ENXIO else exc.strerror or exc
+        raise ConfigError(f"{display_name(output)}: cannot write: {why}") from None
     click.echo(f"wrote {output}: {len(table.servers)} server(s), {table.rank_count} rank(s)", err=True)
 
 

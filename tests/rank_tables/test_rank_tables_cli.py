@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -141,6 +142,31 @@ def test_generate_default_output_file_in_the_working_directory(weird_tmp: Path, 
     assert "wrote hccl_2p_23_10.0.0.11.json: 1 server(s), 2 rank(s)" in result.stderr
     assert json.loads((weird_tmp / "hccl_2p_23_10.0.0.11.json").read_text())["server_list"][0]["device"][1] == {
         "device_id": "3", "device_ip": "192.4.10.6", "rank_id": "1"}
+
+
+def test_generate_to_a_fifo_nobody_reads_is_refused_and_one_read_is_written(
+        weird_tmp: Path) -> None:
+    """``-o FIFO`` blocked the open for ever when no reader came; a reader gets the table."""
+    env = fake_ascend_env(weird_tmp, range(4))
+    fifo = weird_tmp / "table.json"
+    os.mkfifo(fifo)
+    args = ["generate", "--server-id", "10.0.0.11", "--devices", "0", "-o", fifo]
+    result = invoke(args, env=env)
+    assert result.exit_code == 2 and f"{fifo}: cannot write: a pipe nobody reads" in \
+        result.stderr, result.output
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        written = None
+        for _ in range(100):  # until cat has opened its end
+            written = invoke(args, env=env)
+            if written.exit_code == 0:
+                break
+            time.sleep(0.05)
+        assert written is not None and written.exit_code == 0, written.output if written else ""
+        out, _ = reader.communicate(timeout=10)
+    finally:
+        reader.kill()
+    assert json.loads(out)["server_list"][0]["server_id"] == "10.0.0.11"
 
 
 def run_module(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
