@@ -158,7 +158,10 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str
         if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None) or \
                 (key in _FILE_ONLY_KEYS and not options[param.name]):
             merged[param.name] = value
-            origins[f"--{key.replace('_', '-')}"] = f"{path}:{setting.line}"
+            option = key.replace('_', '-')
+            # A false flag's error names its off form (--no-checkpoint-collect: ...).
+            for said in (f"--{option}", f"--no-{option}"):
+                origins[said] = f"{path}:{setting.line}"
         elif param.name == "env_pairs":
             # Variables add up, as the parallel section's keys do: the file's first, so that a
             # flag's value for the same variable wins; none of the file's is dropped unsaid.

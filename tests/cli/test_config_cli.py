@@ -65,7 +65,8 @@ def test_more_cards_than_devices(weird_tmp: Path) -> None:
     ("cards: 2\n# a comment\nkill-timeout: 3\nshards: 4\ndevice: cpu\n", 4, "unknown key 'shards'"),
     ("cards: 2\ndevice: cpu\nenv: [A=1\nconsole: all\n", 4, "invalid YAML"),
     ("device: cpu\ncards: many\n", 2, "cards"),
-], ids=["unknown key", "invalid yaml", "bad value"])
+    ("device: cpu\ncheckpoint-collect: false\n", 2, "--no-checkpoint-collect: this job starts no"),
+], ids=["unknown key", "invalid yaml", "bad value", "a flag's off form"])
 def test_a_bad_config_file_names_its_line(weird_tmp: Path, text: str, line: int, words: str) -> None:
     cfg = weird_tmp / "job.yaml"
     cfg.write_text(text)
