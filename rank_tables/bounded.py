@@ -9,8 +9,9 @@ refuses, naming the place, what Python's ``json`` handles badly: nesting deeper 
 ``MAX_JSON_DEPTH`` (``json`` raises ``RecursionError`` at about 1000 levels, and no real document
 nests past 6), numbers of thousands of digits (``int`` refuses past 4300 and is quadratic before)
 and, where they are not wanted, ``NaN`` and ``Infinity``, which ``json`` accepts although JSON
-has neither. Errors are ``UnreadableFile``, whose message is one line starting with the file's
-name and, where there is one, ``line:column`` or the JSON path.
+has neither; and a key given twice in one object, of which ``json`` keeps the last. Errors
+are ``UnreadableFile``, whose message is one line starting with the file's name and, where
+there is one, ``line:column`` or the JSON path.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def parse_json(text: str, name: str, allow_constants: bool = False) -> Any:
     """The JSON document in ``text``; ``name`` starts every message. ``allow_constants`` lets
     ``NaN`` and ``Infinity`` through (``json.dump`` writes them for a diverged loss)."""
     try:
-        doc = JSON_DECODER.decode(text)
+        doc = _CHECKED_DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise UnreadableFile(f"{name}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:
@@ -143,12 +144,40 @@ def bounded_int(literal: str) -> int:
 JSON_DECODER = json.JSONDecoder(parse_int=bounded_int)
 """``json.loads`` with ``bounded_int``; one instance, since building a decoder costs a parse."""
 
+
+class KeyGivenTwice(dict[str, Any]):
+    """Stands in for a JSON object with a key given twice (``json`` keeps the last one without
+    a word), so that ``find_problem`` can name its path; ``twice`` is the key."""
+
+    twice: str = ""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json``: the object, or a ``KeyGivenTwice``."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    marked = KeyGivenTwice(obj)
+    for key, _ in pairs:
+        if key in seen:
+            marked.twice = key
+            break
+        seen.add(key)
+    return marked
+
+
+_CHECKED_DECODER = json.JSONDecoder(parse_int=bounded_int, object_pairs_hook=unique_keys)
+"""``parse_json``'s decoder: ``JSON_DECODER`` that also marks keys given twice."""
+
 _TOO_DEEP = f"nested deeper than the {MAX_JSON_DEPTH} levels accepted"
+_GIVEN_TWICE = "given twice in one object (the last would win without a word)"
 
 
 def find_problem(doc: Any, allow_constants: bool = False) -> Optional[tuple[JsonPath, str]]:
     """The first place in a parsed document, in document order, that nests deeper than
-    ``MAX_JSON_DEPTH``, holds a ``LongNumber`` or, unless allowed, a number that is not finite."""
+    ``MAX_JSON_DEPTH``, gives a key twice (a ``KeyGivenTwice``), holds a ``LongNumber`` or,
+    unless allowed, a number that is not finite."""
     # A walk without paths first: it costs a tenth of one that builds them, and is all a good
     # document ever needs.
     if not _has_problem(doc, allow_constants):
@@ -159,6 +188,8 @@ def find_problem(doc: Any, allow_constants: bool = False) -> Optional[tuple[Json
         if isinstance(value, (dict, list)):
             if len(path) >= MAX_JSON_DEPTH:
                 return path, _TOO_DEEP
+            if type(value) is KeyGivenTwice:
+                return path + (value.twice,), _GIVEN_TWICE
             items = value.items() if isinstance(value, dict) else enumerate(value)
             stack.extend(reversed([(v, path + (k,)) for k, v in items]))
         elif _bad_number(value, allow_constants):
@@ -167,6 +198,8 @@ def find_problem(doc: Any, allow_constants: bool = False) -> Optional[tuple[Json
 
 
 def _has_problem(doc: Any, allow_constants: bool) -> bool:
+    if type(doc) is KeyGivenTwice:
+        return True
     stack = [(doc, 1)] if isinstance(doc, (dict, list)) else []
     while stack:
         value, depth = stack.pop()
@@ -174,6 +207,8 @@ def _has_problem(doc: Any, allow_constants: bool) -> bool:
             kind = type(item)
             if kind is str:
                 continue
+            if kind is KeyGivenTwice:
+                return True
             if kind is dict or kind is list:
                 if depth >= MAX_JSON_DEPTH:
                     return True

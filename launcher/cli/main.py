@@ -17,6 +17,7 @@ from launcher.cli.help_groups import EXAMPLES, GroupedCommand, HelpGroup
 from launcher.cli.rank_table import rank_table
 from launcher.cli.run_config import build_config, pointing_at, working_dir
 from launcher.cli.standard_output import console_stream, hold_standard_fds, print_out
+from launcher.cli.whole_numbers import WHOLE_NUMBER
 from launcher.cluster.backends import TransportOptions
 from launcher.cluster.preflight import render, run_preflight
 from launcher.config import msrun_args, msrun_compat
@@ -53,7 +54,7 @@ def cli() -> None:
 
 @cli.command("run", cls=GroupedCommand, context_settings={"ignore_unknown_options": True,
                                       "allow_interspersed_args": False})
-@click.option("--cards", type=int, help="Processes on this node, one per card [default: all "
+@click.option("--cards", type=WHOLE_NUMBER, help="Processes on this node, one per card [default: all "
               "cards found; 1 on CPU].")
 @click.option("--device", type=click.Choice([k.value for k in DeviceKind]), default="auto",
               show_default=True, help="npu: Ascend cards (/dev/davinciN); cpu: CPU ranks; auto: "
@@ -64,7 +65,7 @@ def cli() -> None:
               "its addresses].")
 @click.option("--master-addr", help="Address of the scheduler (MS_SCHED_HOST, MASTER_ADDR) "
               "[default: 127.0.0.1; with a hostfile, the first host].")
-@click.option("--master-port", type=int, help="Scheduler port [default: a free port].")
+@click.option("--master-port", type=WHOLE_NUMBER, help="Scheduler port [default: a free port].")
 @click.option("--log-dir", type=str, help="Logs go here [default: ./npu_launch_logs/<job id>].")
 @click.option("--job-id", type=str, help="Name of this job [default: time and a random tag; in a "
               "Slurm batch script slurm-<SLURM_JOB_ID>-<command digits>, found again on requeue].")
@@ -92,14 +93,14 @@ def cli() -> None:
               help="Once every rank's script ended cleanly, stop the ranks still in their exit "
               "handlers after this many seconds, counted as exited 0 (0: wait without a "
               "limit).")
-@click.option("--max-restarts", type=int, default=0, show_default=True,
+@click.option("--max-restarts", type=WHOLE_NUMBER, default=0, show_default=True,
               help="Restart the whole job after a failure or a hang, this many times at most "
               "in all (one budget for every node; not after start-up errors).")
 @click.option("--restart-backoff", type=float, help="Seconds to wait before the first restart, "
               "doubled before each next one [default: 1].")
 @click.option("--restart-backoff-max", type=float, help="The longest wait between two attempts "
               "[default: 60].")
-@click.option("--min-nodes", type=int, help="Leave a host whose ranks caused the last two "
+@click.option("--min-nodes", type=WHOLE_NUMBER, help="Leave a host whose ranks caused the last two "
               "failures out of the next attempt, while at least this many hosts remain "
               "(data parallelism: the global batch is kept).")
 @click.option("--card-free-timeout", type=float, default=60.0, show_default=True,
@@ -125,19 +126,19 @@ def cli() -> None:
               "(DeepSpeed format).")
 @click.option("--include", help="Only these hosts/cards, e.g. node1:0,2@node2.")
 @click.option("--exclude", help="Not these hosts/cards, e.g. node3@node1:7.")
-@click.option("--nnodes", type=int, help="Use the first N hosts; without a hostfile, the "
+@click.option("--nnodes", type=WHOLE_NUMBER, help="Use the first N hosts; without a hostfile, the "
               "number of nodes of a job started by hand on each node.")
-@click.option("--node-rank", type=int, help="This node's index in a job started by hand "
+@click.option("--node-rank", type=WHOLE_NUMBER, help="This node's index in a job started by hand "
               "(with --nnodes, --master-addr, --master-port).")
 @click.option("--launcher", "launcher_kind", type=click.Choice(["auto", "local", "ssh", "slurm",
               "mpi"]), default="auto", show_default=True, help="How node agents start: slurm "
               "inside an allocation, else ssh with a hostfile, else local (in an operator's "
               "Kubernetes pod: this pod's share; an explicit value turns that off).")
-@click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
+@click.option("--ssh-port", type=WHOLE_NUMBER, help="Port of sshd on the hosts.")
 @click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments, e.g. "
               "'-F ~/.ssh/cluster_config' (repeatable).")
 @click.option("--launcher-args", help="Extra arguments for srun or mpirun, one string.")
-@click.option("--fanout", type=int, help="At most this many ssh connections being set up at "
+@click.option("--fanout", type=WHOLE_NUMBER, help="At most this many ssh connections being set up at "
               "once: preflight, --sync-workdir, and the node agents until each has started "
               "(ssh; srun starts a Slurm job's nodes itself) [default: 32].")
 @click.option("--no-preflight", is_flag=True, help="Skip the host checks before a multi-node "
@@ -156,19 +157,19 @@ def cli() -> None:
               "MS_COMPILER_CACHE_PATH is set).")
 @click.option("--parallel", "parallel_mode", type=click.Choice(["data", "semi", "auto"]),
               help="Parallel mode the ranks apply (parallel.init) [default: data].")
-@click.option("--dp", type=int, help="Data-parallel size [default: world / (mp*pp)].")
-@click.option("--mp", type=int, help="Model-parallel (tensor) size [default: 1].")
-@click.option("--pp", type=int, help="Pipeline stages [default: 1].")
-@click.option("--micro-batches", type=int, help="Pipeline micro-batches (>= pp).")
+@click.option("--dp", type=WHOLE_NUMBER, help="Data-parallel size [default: world / (mp*pp)].")
+@click.option("--mp", type=WHOLE_NUMBER, help="Model-parallel (tensor) size [default: 1].")
+@click.option("--pp", type=WHOLE_NUMBER, help="Pipeline stages [default: 1].")
+@click.option("--micro-batches", type=WHOLE_NUMBER, help="Pipeline micro-batches (>= pp).")
 @click.option("--optimizer-shard/--no-optimizer-shard", default=None,
               help="Shard optimizer state across data-parallel ranks.")
 @click.option("--gradients-mean/--no-gradients-mean", default=None,
               help="Average (not sum) gradients across ranks [default: mean].")
 @click.option("--full-batch", is_flag=True, default=None, help="Every rank reads the whole "
               "batch (semi/auto modes).")
-@click.option("--global-batch", type=int, help="Global batch size, checked to divide by "
+@click.option("--global-batch", type=WHOLE_NUMBER, help="Global batch size, checked to divide by "
               "dp*micro-batches.")
-@click.option("--seed", type=int, help="Seed every rank alike [default: 1].")
+@click.option("--seed", type=WHOLE_NUMBER, help="Seed every rank alike [default: 1].")
 @click.option("--config", "config_file", type=str, help="YAML file of these options; flags given "
               "here win.")
 @click.argument("script", required=False)
@@ -185,13 +186,13 @@ def run_command(ctx: click.Context, **options: Any) -> int:
 @click.option("--hostfile", required=True, help="Hosts to check (DeepSpeed format).")
 @click.option("--include", help="Only these hosts/cards.")
 @click.option("--exclude", help="Not these hosts/cards.")
-@click.option("--nnodes", type=int, help="Check the first N hosts.")
+@click.option("--nnodes", type=WHOLE_NUMBER, help="Check the first N hosts.")
 @click.option("--device", type=click.Choice([k.value for k in DeviceKind]), default="auto",
               show_default=True, help="npu: each host needs a card per slot.")
-@click.option("--master-port", type=int, help="Check this port is free on the first host.")
-@click.option("--ssh-port", type=int, help="Port of sshd on the hosts.")
+@click.option("--master-port", type=WHOLE_NUMBER, help="Check this port is free on the first host.")
+@click.option("--ssh-port", type=WHOLE_NUMBER, help="Port of sshd on the hosts.")
 @click.option("--ssh-option", "ssh_options", multiple=True, help="Extra ssh arguments.")
-@click.option("--fanout", type=int, help="At most this many hosts being asked at once "
+@click.option("--fanout", type=WHOLE_NUMBER, help="At most this many hosts being asked at once "
               "[default: 32].")
 def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[str],
                       nnodes: Optional[int], device: str, master_port: Optional[int],

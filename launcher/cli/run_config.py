@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import click
 from click.core import ParameterSource
 
+from launcher.cli.whole_numbers import WholeNumber
 from launcher.config.config_file import FileSetting, check_known_keys, read_config_file
 from launcher.config.devices import DeviceKind
 from launcher.config.launch_config import ConsoleFilter, LaunchConfig, check_env_name, parse_env_pairs
@@ -34,7 +35,9 @@ def build_config(ctx: click.Context, options: dict[str, Any]
     ``path:line`` of each option whose value came from the file."""
     section: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    if options["config_file"]:
+    if options["config_file"] == "":  # as the other file options: not read as no file
+        raise ConfigError("--config: empty path")
+    if options["config_file"] is not None:
         options, section, origins = _apply_config_file(ctx, options, options["config_file"])
     script = options["script"] or ""
     if script.startswith("-") and script != "-":
@@ -226,7 +229,7 @@ def _file_value(param: click.Parameter, setting: FileSetting, path: str, key: st
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {shown(value)}")
         return value
-    if isinstance(param.type, click.types.IntParamType) and not _is_int(value):
+    if isinstance(param.type, WholeNumber) and not _is_int(value):
         raise ConfigError(f"{where}: expected a whole number, got {shown(value)}")
     if isinstance(param.type, click.types.FloatParamType) and not _is_number(value):
         raise ConfigError(f"{where}: expected a number of seconds, got {shown(value)}")

@@ -7,6 +7,7 @@ decides (``launcher.cli.run_config``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Iterable, Mapping
 
 import yaml
@@ -14,6 +15,11 @@ import yaml
 from launcher import limits
 from launcher.errors import ConfigError
 from launcher.limits import shown
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_PLAIN_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+"""An integer as written by a person: YAML 1.1 also reads ``1_0``, ``010`` (octal), ``0x10``,
+``0b10``, ``+1`` and ``1:30`` (base 60) as integers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,29 +82,58 @@ def _settings_from_mapping(path: str, node: yaml.MappingNode) -> dict[str, FileS
         key = str(key_node.value).replace("-", "_")
         if key in settings:
             raise ConfigError(f"{path}:{line}: {shown(key_node.value)} given twice")
-        _refuse_surrogates(path, key, value_node)
+        _refuse_hidden(path, key, value_node)
         settings[key] = FileSetting(_construct(path, key, value_node), line,
                                     _key_lines(value_node))
     return settings
 
 
-def _refuse_surrogates(path: str, key: str, node: yaml.Node) -> None:
-    """YAML's ``"\\ud800"`` escape builds a lone surrogate, which no file name, argument or
-    variable can hold (encoding it fails later, far from this file): refuse it on its line."""
+def _refuse_hidden(path: str, key: str, node: yaml.Node) -> None:
+    """What YAML would take without a word, refused on its line: a key given twice in a
+    mapping (the last would win), an integer not written in digits 0-9 (``1_0`` is 10, ``010``
+    is 8, ``0x10`` is 16), and a ``"\\ud800"`` escape, a lone surrogate, which no file name,
+    argument or variable can hold (encoding it fails later, far from this file)."""
     stack = [node]
     while stack:
         item = stack.pop()
         if isinstance(item, yaml.ScalarNode):
-            try:
-                str(item.value).encode("utf-8")
-            except UnicodeEncodeError as e:
-                escape = ascii(e.object[e.start])[1:-1]
-                raise ConfigError(f"{path}:{item.start_mark.line + 1}: {key}: {shown(item.value)}: "
-                                  f"the escape {escape} is a lone surrogate, not a character") from None
+            _check_scalar(path, key, item)
         elif isinstance(item, yaml.SequenceNode):
-            stack.extend(item.value)
+            stack.extend(reversed(item.value))
         elif isinstance(item, yaml.MappingNode):
-            stack.extend(part for pair in item.value for part in pair)
+            _check_keys(path, key, item)
+            stack.extend(reversed([part for pair in item.value for part in pair]))
+
+
+def _check_scalar(path: str, key: str, item: yaml.ScalarNode) -> None:
+    line = item.start_mark.line + 1
+    try:
+        str(item.value).encode("utf-8")
+    except UnicodeEncodeError as e:
+        escape = ascii(e.object[e.start])[1:-1]
+        raise ConfigError(f"{path}:{line}: {key}: {shown(item.value)}: the escape {escape} is a "
+                          "lone surrogate, not a character") from None
+    if item.tag != _INT_TAG or _PLAIN_INT.fullmatch(item.value):
+        return
+    reads = ""
+    if len(item.value) <= limits.MAX_SHOWN:  # base 60 is quadratic, base 16 has no bound
+        try:
+            reads = f"YAML reads it as {yaml.SafeLoader('').construct_yaml_int(item)}; "
+        except ValueError:  # ``!!int abc``: _construct says so
+            return
+    raise ConfigError(f"{path}:{line}: {key}: {shown(item.value)}: {reads}write a whole number in "
+                      "digits 0-9, or quote it if you mean the text")
+
+
+def _check_keys(path: str, key: str, item: yaml.MappingNode) -> None:
+    seen: set[str] = set()
+    for key_node, _ in item.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            continue
+        if key_node.value in seen:
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: {key}: "
+                              f"{shown(key_node.value)} given twice")
+        seen.add(key_node.value)
 
 
 def _construct(path: str, key: str, node: yaml.Node) -> Any:

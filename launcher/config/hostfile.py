@@ -205,10 +205,10 @@ def select_hosts(
     """
     entries = list(entries)
     pool = {e.host: tuple(range(e.slots)) for e in entries}
-    if include:
+    if include is not None:
         chosen = _parse_filter(include, "--include", entries)
         pool = {host: chosen[host] for host in pool if host in chosen}
-    if exclude:
+    if exclude is not None:
         removed = _parse_filter(exclude, "--exclude", entries)
         pool = {host: tuple(c for c in cards if c not in removed.get(host, ())) for host, cards in pool.items()}
     selections = [HostSelection(e.host, e.user, pool[e.host]) for e in entries if pool.get(e.host)]
@@ -227,6 +227,8 @@ def _first_nodes(selections: list[HostSelection], nnodes: Optional[int]) -> list
 
 def _parse_filter(text: str, option: str, entries: list[HostEntry]) -> dict[str, tuple[int, ...]]:
     """Parse ``NAME[:CARD[,CARD...]][@NAME...]`` into host -> cards (all cards when none given)."""
+    if not text.strip():  # given, and empty: not read as no filter
+        raise ConfigError(f"{option}: empty (expected hosts and cards, e.g. node1:0,2@node2)")
     slots = {e.host: e.slots for e in entries}
     by_key = {e.host.lower(): e.host for e in entries}
     result: dict[str, tuple[int, ...]] = {}
@@ -267,6 +269,8 @@ def _parse_cards(text: str, host: str, option: str, slots: int) -> tuple[int, ..
         if card is None or card >= slots:
             raise ConfigError(f"{option}: card {_number_shown(token)} out of range for host "
                               f"{host!r} (slots={slots}: cards 0-{slots - 1})")
+        if card in cards:
+            raise ConfigError(f"{option}: card {card} is named twice for host {host!r}")
         cards.add(card)
     return tuple(sorted(cards))
 

@@ -30,7 +30,9 @@ class ConsoleFilter:
     @classmethod
     def parse(cls, text: str) -> "ConsoleFilter":
         text = text.strip().lower()
-        if text in ("", "all"):
+        if not text:  # given, and empty: not read as the default
+            raise ConfigError("--console: empty (expected 'all', 'none' or ranks like 0,3)")
+        if text == "all":
             return cls(None)
         if text == "none":
             return cls(frozenset())
@@ -39,6 +41,11 @@ class ConsoleFilter:
         if len(ranks) != len(parts):
             raise ConfigError(f"--console {text[:limits.MAX_SHOWN]}: expected 'all', 'none' or ranks like "
                               "0,3")
+        seen: set[int] = set()
+        for rank in ranks:
+            if rank in seen:
+                raise ConfigError(f"--console {text[:limits.MAX_SHOWN]}: rank {rank} is named twice")
+            seen.add(rank)
         return cls(frozenset(ranks))
 
     def check_world(self, world_size: int) -> None:

@@ -28,7 +28,16 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     # numbers: bounds said in the message
     ([*CPU, "--cards", "10000", SCRIPT], ["--cards 10000", "1-64"]),
     ([*CPU, "--cards", "9" * 30, SCRIPT], ["--cards", "1-64"]),
-    ([*CPU, "--cards", "9" * 5000, SCRIPT], ["--cards", "not a valid integer"]),
+    ([*CPU, "--cards", "9" * 5000, SCRIPT], ["--cards '999", "a number of 5000 digits; at most 32"]),
+    # ASCII digits only (click's int takes these, and '1_0' is ten ranks)
+    ([*CPU, "--cards", "1_0", SCRIPT], ["--cards '1_0': expected a whole number written in digits 0-9"]),
+    ([*CPU, "--cards", "\uff11", SCRIPT], ["--cards '\uff11': expected a whole number written in digits 0-9"]),
+    ([*CPU, "--cards", "+2", SCRIPT], ["--cards '+2': expected a whole number"]),
+    ([*CPU, "--cards", " 2", SCRIPT], ["--cards ' 2': expected a whole number"]),
+    ([*CPU, "--master-port", "8_118", SCRIPT], ["--master-port '8_118': expected a whole number"]),
+    ([*CPU, "--seed", "\u0661\u0662", SCRIPT], ["--seed '\u0661\u0662': expected a whole number"]),
+    ([*CPU, "--micro-batches", "0x10", SCRIPT], ["--micro-batches '0x10': expected a whole number"]),
+    ([*CPU, "--max-restarts", "", SCRIPT], ["--max-restarts '': expected a whole number"]),
     ([*CPU, "--nnodes", "5000", SCRIPT], ["--nnodes 5000", "1-1024"]),
     ([*CPU, "--max-restarts", "99999999", SCRIPT], ["--max-restarts", "0-1000"]),
     ([*CPU, "--seed", "9" * 25, SCRIPT], ["parallel.seed", "at most 4294967295"]),
@@ -41,6 +50,10 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     # silently ignored combinations, now refused
     ([*CPU, "--console", "99", "--cards", "2", SCRIPT], ["--console 99", "ranks 0-1"]),
     ([*CPU, "--console", "-1", SCRIPT], ["--console -1"]),
+    ([*CPU, "--console", "", SCRIPT], ["--console: empty (expected 'all', 'none' or ranks like 0,3)"]),
+    ([*CPU, "--console", " ", SCRIPT], ["--console: empty"]),
+    ([*CPU, "--cards", "2", "--console", "1,0,1", SCRIPT], ["--console 1,0,1: rank 1 is named twice"]),
+    ([*CPU, "--config", "", SCRIPT], ["--config: empty path"]),
     ([*CPU, "--nnodes", "2", SCRIPT], ["--nnodes 2 without --hostfile", "--node-rank"]),
     ([*CPU, "--include", "node1", SCRIPT], ["--include", "--hostfile"]),
     ([*CPU, "--exclude", "node1:0", SCRIPT], ["--exclude", "--hostfile"]),
@@ -64,6 +77,27 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
 ])
 def test_bad_option_is_one_line(tmp_path: Path, args, needles) -> None:
     _refused(tmp_path, *args, needles=tuple(needles))
+
+
+def test_a_preflight_count_is_ascii_digits_too(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("n1 slots=1\n")
+    result = run_launcher("preflight", "--hostfile", "hosts", "--nnodes", "1_0", cwd=tmp_path)
+    assert_one_line_error(result, "--nnodes '1_0': expected a whole number written in digits 0-9")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--include", ""], ["--include: empty (expected hosts and cards, e.g. node1:0,2@node2)"]),
+    (["--exclude", " "], ["--exclude: empty"]),
+    (["--include", "n1:0,0"], ["--include: card 0 is named twice for host 'n1'"]),
+    (["--exclude", "n2:1@N1:1, 1"], ["--exclude: card 1 is named twice for host 'n1'"]),
+])
+def test_an_empty_or_repeating_host_filter_is_refused(tmp_path: Path, args, needles) -> None:
+    """An empty ``--include`` was taken as none given; ``n1:0,0`` as ``n1:0``."""
+    (tmp_path / "hosts").write_text("n1 slots=2\nn2 slots=2\n")
+    _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr", "127.0.0.1",
+             "--dry-run", *args, SCRIPT, needles=tuple(needles))
+    result = run_launcher("preflight", "--hostfile", "hosts", *args, cwd=tmp_path)
+    assert_one_line_error(result, *needles)
 
 
 def test_a_message_is_bounded_and_one_line(tmp_path: Path) -> None:
@@ -182,6 +216,20 @@ class TestConfigFile:
         ("parallel:\n  mode: data\n\n  seed: -3\n", [":4: parallel.seed: must be >= 0"]),
         ("? [a, b]\n: 1\n", [":1: expected an option name as the key"]),
         ("cards: 100\n", [":1: --cards 100: expected 1-64"]),
+        # YAML 1.1 reads these as integers: 10, 8 (octal), 16, 90 (base 60), 3
+        ("cards: 1_0\n", [":1: cards: '1_0': YAML reads it as 10; write a whole number in digits 0-9, "
+                          "or quote it if you mean the text"]),
+        ("cards: 010\n", [":1: cards: '010': YAML reads it as 8"]),
+        ("master-port: 0x10\n", [":1: master_port: '0x10': YAML reads it as 16"]),
+        ("parallel:\n  seed: 1:30\n", [":2: parallel: '1:30': YAML reads it as 90"]),
+        ("env:\n  MASK: 0b11\n", [":2: env: '0b11': YAML reads it as 3"]),
+        ("cards: 0x" + "f" * 100_000 + "\n", [":1: cards: '0xfff", "(100004 chars): write a whole number"]),
+        ("cards: '2'\n", [":1: cards: expected a whole number, got '2'"]),
+        # a nested key given twice: YAML keeps the last
+        ("parallel:\n  dp: 1\n  dp: 2\n", [":3: parallel: 'dp' given twice"]),
+        ("parallel: {dp: 1, dp: 2}\n", [":1: parallel: 'dp' given twice"]),
+        ("env:\n  A: '1'\n  B: '2'\n  A: '3'\n", [":4: env: 'A' given twice"]),
+        ("console: ''\n", [":1: --console: empty"]),
         ("job-id: ../../etc\n", [":1: --job-id '../../etc'"]),
         ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", [":1: nested deeper than 32 levels"]),
     ], ids=lambda v: v[:40] if isinstance(v, str) else None)

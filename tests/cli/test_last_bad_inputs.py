@@ -265,6 +265,20 @@ def test_a_slurm_node_list_that_is_not_text_is_one_line(tmp_path: Path, nodelist
     _refused(tmp_path, *CPU, "--dry-run", "--cards", "1", _script(tmp_path), env=env, needles=needles)
 
 
+@pytest.mark.parametrize("nodelist, needles", [
+    ("node1,NODE1", ("--launcher slurm: 'node1,NODE1': duplicate node 'NODE1' (given before as 'node1'; "
+                     "names ignore case)",)),
+    ("a,b,a", ("--launcher slurm: 'a,b,a': duplicate node 'a' (given before)",)),
+])
+def test_a_slurm_node_list_naming_a_host_twice_is_one_line(tmp_path: Path, nodelist: str,
+                                                           needles: tuple) -> None:
+    """It made a plan of two nodes on one host; a hostfile refuses the same."""
+    answer = "".join(f"{name}\n" for name in nodelist.split(",")).encode()
+    env = {**_fake_scontrol(tmp_path, answer), "SLURM_JOB_NODELIST": nodelist}
+    _refused(tmp_path, *CPU, "--dry-run", "--cards", "1", "--master-addr", "127.0.0.1",
+             _script(tmp_path), env=env, needles=needles)
+
+
 # npu-launch report on odd inputs -------------------------------------------------------------------
 
 def _report(folder: Path, *args: str) -> subprocess.CompletedProcess:

@@ -107,6 +107,13 @@ TABLES["v1.2, a list as server_id"] = (super_pod_with_a_list_as_server_id(),
 TABLES["a lone surrogate as server_id"] = (
     changed(lambda d: d["server_list"][0].update(server_id="\ud800")),
     ('{f}: server_list[0].server_id: must be UTF-8 text, got "\\ud800" (a lone surrogate escape)',))
+# json keeps the last of two equal keys without a word: a v1.0 table would read as v1.2.
+TABLES["a version given twice"] = (
+    text_of(changed(lambda d: None), **{'"version": "1.0"': '"version": "1.0", "version": "1.2"'}),
+    ("{f}: version: given twice in one object (the last would win without a word)",))
+TABLES["a rank_id given twice in one device"] = (
+    text_of(changed(lambda d: device(d).update(rank_id="@")), **{'"rank_id": "@"': '"rank_id": "0", "rank_id": "7"'}),
+    ("{f}: server_list[0].device[0].rank_id: given twice in one object",))
 TABLES["a lone surrogate as an extra key"] = (
     changed(lambda d: device(d).update({"x\udcff": "1"})),
     ('{f}: server_list[0].device[0]: the key "x\\udcff" is not UTF-8 text (a lone surrogate escape)',))

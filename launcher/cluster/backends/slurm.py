@@ -56,10 +56,17 @@ def _checked(names: list[str], nodelist: str) -> list[str]:
     if len(names) > MAX_NODES:
         raise ConfigError(f"--launcher slurm: the allocation has {len(names)} nodes, more than "
                           f"the {MAX_NODES} a job may have")
+    seen: dict[str, str] = {}
     for name in names:
         problem = check_host_name(name)
         if problem is not None:
             raise ConfigError(f"--launcher slurm: {shown(nodelist)}: {problem}")
+        first = seen.get(name.lower())
+        if first is not None:  # two nodes of the plan on one host: refused as in a hostfile
+            same = "" if first == name else f" as {first!r}; names ignore case"
+            raise ConfigError(f"--launcher slurm: {shown(nodelist)}: duplicate node {name!r} "
+                              f"(given before{same})")
+        seen[name.lower()] = name
     return names
 
 
