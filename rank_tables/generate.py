@@ -99,8 +99,8 @@ def parse_device_list(text: str, option: str = "--devices") -> tuple[int, ...]:
     half_open = _HALF_OPEN.fullmatch(text.strip())
     if half_open:
         first = _device_id(half_open.group(1), text, option)
-        end = _device_id(half_open.group(2), text, option, MAX_DEVICE_ID + 1)  # one past the last
-        ids = list(range(first, end))
+        last = _device_id(half_open.group(2), text, option, past_end=True)
+        ids = list(range(first, last + 1))
     else:
         ids = [i for part in text.split(",") for i in _parse_span(part, text, option)]
     if not ids:
@@ -121,11 +121,16 @@ def _parse_span(part: str, text: str, option: str) -> range:
     return range(first, last + 1)
 
 
-def _device_id(digits: str, text: str, option: str, bound: int = MAX_DEVICE_ID) -> int:
+def _device_id(digits: str, text: str, option: str, past_end: bool = False) -> int:
+    """A device id; with ``past_end``, the id before it (``[0,8)`` names 0 .. 7): the one the
+    user named last is the one an error names."""
     number = whole_number(digits)
-    if number is None or number > bound:
+    if number is not None and past_end:
+        number -= 1  # -1 for [0,0), which names no device
+        digits = str(number)
+    if number is None or number > MAX_DEVICE_ID:
         said = digits if len(digits) <= 12 else f"{digits[:12]}...({len(digits)} digits)"
-        raise TableInputError(f"{option} {shown(text)}: {said} is out of range 0-{bound} "
+        raise TableInputError(f"{option} {shown(text)}: {said} is out of range 0-{MAX_DEVICE_ID} "
                           f"(physical ids of /dev/davinci0 .. /dev/davinci{MAX_DEVICE_ID})")
     return number
 

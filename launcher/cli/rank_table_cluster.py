@@ -18,7 +18,7 @@ from launcher.limits import shown
 from rank_tables.ascend import read_hccn_conf
 from rank_tables.bounded import display_name
 from rank_tables.table import DeviceEntry, RankTable, ServerEntry, check_table
-from rank_tables.validate import HOST_NIC_RESERVED
+from rank_tables.validate import HOST_NIC_RESERVED, MAX_PORT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,9 @@ class ClusterConfig:
         twice = sorted({h for h in hosts if hosts.count(h) > 1})
         if twice:
             raise ConfigError(f"--hccn-conf: host {shown(twice[0])} is given twice")
+        # As generate checks it: else the built table is refused, naming its own key.
+        if self.device_port is not None and not 1 <= self.device_port <= MAX_PORT:
+            raise ConfigError(f"--device-port {self.device_port}: must be within 1-{MAX_PORT}")
 
 
 def parse_host_paths(items: Sequence[str]) -> tuple[tuple[str, Path], ...]:

@@ -20,9 +20,10 @@ from click.core import ParameterSource
 from launcher.cli.whole_numbers import WholeNumber
 from launcher.config.config_file import FileSetting, check_known_keys, read_config_file
 from launcher.config.devices import DeviceKind
+from launcher.config.hostfile import path_shown
 from launcher.config.launch_config import ConsoleFilter, LaunchConfig, check_env_name, parse_env_pairs
-from launcher.errors import ConfigError
-from launcher.limits import shell_words, shown
+from launcher.errors import ConfigError, HostfileError
+from launcher.limits import check_path_length, shell_words, shown
 from parallel import contract
 from parallel.config import ParallelConfig
 
@@ -38,6 +39,7 @@ def build_config(ctx: click.Context, options: dict[str, Any]
     if options["config_file"] == "":  # as the other file options: not read as no file
         raise ConfigError("--config: empty path")
     if options["config_file"] is not None:
+        check_path_length(f"--config {shown(options['config_file'])}", options["config_file"])
         options, section, origins = _apply_config_file(ctx, options, options["config_file"])
     script = options["script"] or ""
     if script.startswith("-") and script != "-":
@@ -49,13 +51,16 @@ def build_config(ctx: click.Context, options: dict[str, Any]
 @contextlib.contextmanager
 def pointing_at(origins: dict[str, str]) -> Iterator[None]:
     """An error about an option whose value came from the config file names the file's line
-    (errors name their option first: ``--cards 100: ...``)."""
+    (errors name their option first: ``--cards 100: ...``; a hostfile's errors name the
+    hostfile: ``hosts: cannot read the hostfile ...``)."""
     try:
         yield
-    except (ConfigError, contract.BadInput) as e:
-        option = e.message.split(" ", 1)[0].rstrip(":")
-        if option in origins:
-            raise ConfigError(f"{origins[option]}: {e.message}") from None
+    except (ConfigError, HostfileError, contract.BadInput) as e:
+        said = e.message.split(" ", 1)[0].rstrip(":")
+        if said not in origins:  # a hostfile's name may hold spaces
+            said = e.message.split(": ", 1)[0]
+        if said in origins:
+            raise ConfigError(f"{origins[said]}: {e.message}") from None
         raise
 
 
@@ -165,6 +170,8 @@ def _apply_config_file(ctx: click.Context, options: dict[str, Any], path: str
             # A false flag's error names its off form (--no-checkpoint-collect: ...).
             for said in (f"--{option}", f"--no-{option}"):
                 origins[said] = f"{path}:{setting.line}"
+            if key == "hostfile":  # its own errors start with its name, not the option
+                origins[path_shown(value)] = f"{path}:{setting.line}"
         elif param.name == "env_pairs":
             # Variables add up, as the parallel section's keys do: the file's first, so that a
             # flag's value for the same variable wins; none of the file's is dropped unsaid.

@@ -188,6 +188,9 @@ def _kubeflow_shape(environ: Mapping[str, str], world: int) -> tuple[int, Option
         if world % nnodes:
             raise ConfigError(f"WORLD_SIZE={world}: not a multiple of PET_NNODES={nnodes}")
         per = world // nnodes
+        if per > MAX_RANKS_PER_NODE:  # else refused later as a --cards nobody gave
+            raise ConfigError(f"WORLD_SIZE={world} / PET_NNODES={nnodes}: {per} ranks per pod; "
+                              f"expected 1-{MAX_RANKS_PER_NODE}")
         return nnodes, per if per > 1 else None, f"PET_NNODES={nnodes}"
     if "LOCAL_WORLD_SIZE" in environ:
         local = _number(environ, "LOCAL_WORLD_SIZE", 1, MAX_RANKS_PER_NODE)

@@ -54,6 +54,7 @@ def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     ([*CPU, "--console", " ", SCRIPT], ["--console: empty"]),
     ([*CPU, "--cards", "2", "--console", "1,0,1", SCRIPT], ["--console 1,0,1: rank 1 is named twice"]),
     ([*CPU, "--config", "", SCRIPT], ["--config: empty path"]),
+    ([*CPU, "--config", "c" * 100_000, SCRIPT], ["--config 'ccc", "a path of 100000 bytes", "4095"]),
     ([*CPU, "--nnodes", "2", SCRIPT], ["--nnodes 2 without --hostfile", "--node-rank"]),
     ([*CPU, "--include", "node1", SCRIPT], ["--include", "--hostfile"]),
     ([*CPU, "--exclude", "node1:0", SCRIPT], ["--exclude", "--hostfile"]),

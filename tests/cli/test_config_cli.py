@@ -66,7 +66,8 @@ def test_more_cards_than_devices(weird_tmp: Path) -> None:
     ("cards: 2\ndevice: cpu\nenv: [A=1\nconsole: all\n", 4, "invalid YAML"),
     ("device: cpu\ncards: many\n", 2, "cards"),
     ("device: cpu\ncheckpoint-collect: false\n", 2, "--no-checkpoint-collect: this job starts no"),
-], ids=["unknown key", "invalid yaml", "bad value", "a flag's off form"])
+    ("device: cpu\nhostfile: 5\n", 2, ": 5: cannot read the hostfile: No such file"),
+], ids=["unknown key", "invalid yaml", "bad value", "a flag's off form", "a hostfile it names"])
 def test_a_bad_config_file_names_its_line(weird_tmp: Path, text: str, line: int, words: str) -> None:
     cfg = weird_tmp / "job.yaml"
     cfg.write_text(text)

@@ -121,6 +121,8 @@ def test_outside_a_pod_or_with_an_explicit_launcher_nothing_is_detected(weird_tm
     ("kubeflow_master", {"RANK": "2"}, ["RANK=2: the job has 2 node(s)", "WORLD_SIZE=2"]),
     ("kubeflow_worker_pet", {"WORLD_SIZE": "3"}, ["WORLD_SIZE=3: not a multiple of PET_NNODES=2"]),
     ("kubeflow_worker_pet", {"PET_NNODES": "1:4"}, ["PET_NNODES='1:4': an elastic range"]),
+    ("kubeflow_worker_pet", {"WORLD_SIZE": "65", "PET_NNODES": "1", "RANK": "0"},
+     ["WORLD_SIZE=65 / PET_NNODES=1: 65 ranks per pod; expected 1-64"]),
     ("kubeflow_master", {"WORLD_SIZE": "two"}, ["WORLD_SIZE='two': expected a whole number"]),
     ("kubeflow_master", {"MASTER_PORT": "0"}, ["MASTER_PORT='0': expected a whole number 1-65535"]),
     ("ascend_worker_1_of_2", {"MS_WORKER_NUM": "3", "MS_LOCAL_WORKER": "2"},

@@ -221,7 +221,9 @@ LONG = "h" * 100_000
 # (options after "generate --server-id 10.0.0.11 -o -", words the error line must hold)
 GENERATE = [
     (["--devices", "0-99999999999"], "--devices '0-99999999999': 99999999999 is out of range 0-15"),
-    (["--devices", "[0,99999999999)"], "99999999999 is out of range 0-16"),
+    (["--devices", "[0,99999999999)"],
+     "--devices '[0,99999999999)': 99999999998 is out of range 0-15 (physical ids of /dev/davinci0"),
+    (["--devices", "[0,17)"], "--devices '[0,17)': 16 is out of range 0-15"),
     (["--devices", HUGE], "999999999999...(5000 digits) is out of range 0-15"),
     (["--devices", "\u00b2"], "--devices '\u00b2': expected ids like 0-7"),
     (["--devices", "0-\u0661"], "expected ids like 0-7"),
@@ -274,6 +276,7 @@ def test_a_hostile_hccn_conf_is_refused_in_one_line(weird_tmp: Path, name: str, 
     (["--nnodes", "\u00b2"], "'\u00b2' is not a whole number within 0-1024"),
     (["--nnodes", "99999999999999"], "is not a whole number within 0-1024"),
     (["--device-port", "\u0661"], "is not a whole number within 0-65535"),
+    (["--device-port", "0"], "error: --device-port 0: must be within 1-65535"),
     (["--hccn-conf", "no equals sign" * 5000], "--hccn-conf 'no equals signno equals sign"),
     (["--hccn-conf", "10.0.0.11=/dev/zero"], "a hccn.conf may be at most 1 MiB"),
     (["--hccn-conf", f"{LONG}=x"], f"--hccn-conf {'h' * 80}...(100000 chars): not a host in"),
