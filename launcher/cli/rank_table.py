@@ -100,7 +100,7 @@ def generate(server_id: Optional[str], devices_text: Optional[str], visible_text
              output: Optional[str]) -> None:
     """One server's table from this host's devices (like hccl_tools.py)."""
     config = GenerateConfig(
-        server_id=server_id or this_host_ip(),
+        server_id=this_host_ip() if server_id is None else _given("--server-id", server_id),
         version=version,
         devices=parse_device_list(devices_text) if devices_text else None,
         visible_devices=parse_device_list(visible_text, "--visible-devices") if visible_text else None,
@@ -178,6 +178,13 @@ def validate(files: Sequence[Path]) -> None:
 def show(file: Path) -> None:
     """Print a table of rank, server, device and device IP."""
     print_out(format_table(load_rank_table(file)), "the table")
+
+
+def _given(option: str, value: str) -> str:
+    """An option's value as given; an empty one is refused (it is not the option left out)."""
+    if not value.strip():
+        raise ConfigError(f"{option}: empty (leave the option out for its default)")
+    return value
 
 
 def _tool_path() -> str:

@@ -64,6 +64,9 @@ class LogDirLock:
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise ConfigError(f"log directory {os.path.dirname(self.path)}: {LOCK_NAME} is a "
+                              "folder, not npu-launch's lock file") from None
         except OSError as exc:
             raise ConfigError(f"log directory {os.path.dirname(self.path)}: {exc.strerror}") \
                 from None

@@ -173,6 +173,13 @@ class TestLogDirectory:
             result = run_launcher(*CPU, "--dry-run", "--log-dir", taken, SCRIPT, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
 
+    def test_a_lock_that_is_a_folder(self, tmp_path: Path) -> None:
+        (tmp_path / "logs" / ".npu_launch.lock").mkdir(parents=True)
+        result = run_launcher(*CPU, "--log-dir", str(tmp_path / "logs"), SCRIPT, cwd=tmp_path)
+        assert_one_line_error(result, f"log directory {tmp_path / 'logs'}: .npu_launch.lock is a "
+                              "folder, not npu-launch's lock file")
+        assert [p.name for p in (tmp_path / "logs").iterdir()] == [".npu_launch.lock"]
+
     def test_dry_run_checks_it_too(self, tmp_path: Path) -> None:
         (tmp_path / "f").write_text("x")
         _refused(tmp_path, *CPU, "--dry-run", "--log-dir", str(tmp_path / "f" / "j"), SCRIPT)

@@ -128,6 +128,7 @@ def test_generate_to_stdout_reports_where_ips_came_from(weird_tmp: Path) -> None
     (["--super-pod-id", "1"], "--super-pod-id: only for --format 1.2"),
     (["--format", "1.2", "--super-device-id", "0=x", "--super-pod-id", "1"], "--super-device-id 0=x: the value"),
     (["--device-ip", "zero=1.1.1.1"], "--device-ip 'zero=1.1.1.1': expected N=VALUE"),
+    (["--server-id", " "], "--server-id: empty (leave the option out for its default)"),
 ])
 def test_generate_bad_input_exits_2(weird_tmp: Path, args: list, words: str) -> None:
     result = invoke(["generate", "--server-id", "h", *args], env=fake_ascend_env(weird_tmp, range(8)))
