@@ -27,6 +27,9 @@ class RankLinesView(Protocol):
 
 _READ_SIZE = 65536
 _PARTIAL_LINE_DELAY = 1.0
+CONSOLE_LINE_MAX = 64 << 10
+"""Bytes of one line the console shows; the rank's log keeps all of it. A line of 100 MB was
+copied whole at every read (quadratic: 97 s for one such line) and shown again each second."""
 
 
 class Console:
@@ -101,7 +104,10 @@ class Pump(threading.Thread):
         self._poll.register(fd, select.POLLIN)
         self._log = open(log_path, "ab", buffering=0)
         self._on_line = on_line
-        self._pending = b""
+        self._pending = bytearray()
+        """The line not ended yet, at most ``CONSOLE_LINE_MAX`` of it (its latest ``\\r`` state)."""
+        self._left_out = 0
+        """Bytes of that line past ``CONSOLE_LINE_MAX``, left out of the console."""
         self._shown_pending = b""
         self._pending_since = 0.0
 
@@ -138,25 +144,60 @@ class Pump(threading.Thread):
         if on_line is None:
             return
         had_pending = bool(self._pending)
-        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        if b"\n" not in chunk:  # the line goes on: appended, never copied whole again
+            self._pending += chunk
+            self._bound_pending()
+            if not had_pending:
+                self._pending_since = time.monotonic()
+            return
+        first, *lines, rest = chunk.split(b"\n")
+        self._pending += first
+        self._bound_pending()
+        on_line(self._pending_line())
         for line in lines:
-            on_line(_latest_state(line))
-        if lines:
-            self._shown_pending = b""
-        if lines or not had_pending:  # the text now pending started just now
-            self._pending_since = time.monotonic()
+            on_line(_shown(_latest_state(line), 0))
+        self._pending, self._left_out, self._shown_pending = bytearray(rest), 0, b""
+        self._pending_since = time.monotonic()
+
+    def _bound_pending(self) -> None:
+        """Keep the line not ended yet within ``CONSOLE_LINE_MAX``: from its last ``\\r`` (a
+        progress bar's latest state is all the console shows of it), else its start."""
+        if len(self._pending) <= CONSOLE_LINE_MAX:
+            return
+        rewrite = self._pending.rfind(b"\r", 0, len(self._pending) - 1)
+        if rewrite > 0:
+            del self._pending[:rewrite]
+            self._left_out = 0
+        if len(self._pending) > CONSOLE_LINE_MAX:
+            self._left_out += len(self._pending) - CONSOLE_LINE_MAX
+            del self._pending[CONSOLE_LINE_MAX:]
+
+    def _pending_line(self) -> bytes:
+        return _shown(_latest_state(bytes(self._pending)), self._left_out)
 
     def _show_pending(self) -> None:
-        if self._on_line is None or not self._pending or self._pending == self._shown_pending:
+        if self._on_line is None or not self._pending:
             return
-        self._on_line(_latest_state(self._pending))
-        self._shown_pending = self._pending
+        line = self._pending_line()
+        if line == self._shown_pending:
+            return
+        self._on_line(line)
+        self._shown_pending = line
         self._pending_since = time.monotonic()
 
     def _flush_pending(self) -> None:
-        if self._on_line is not None and self._pending and self._pending != self._shown_pending:
-            self._on_line(_latest_state(self._pending))
-        self._pending = b""
+        if self._on_line is not None and self._pending and \
+                self._pending_line() != self._shown_pending:
+            self._on_line(self._pending_line())
+        self._pending, self._left_out = bytearray(), 0
+
+
+def _shown(line: bytes, left_out: int) -> bytes:
+    """A rank's line as the console shows it: at most ``CONSOLE_LINE_MAX`` bytes of it."""
+    left_out += max(0, len(line) - CONSOLE_LINE_MAX)
+    if not left_out:
+        return line
+    return line[:CONSOLE_LINE_MAX] + f" ...({left_out} bytes more in the rank's log)".encode()
 
 
 def quiet_at_exit(stream: IO[Any]) -> None:

@@ -76,3 +76,32 @@ def test_a_console_that_cannot_be_written_leaves_the_job_and_its_logs_whole(weir
         assert raw.count(b"\n") == 300 and raw.endswith(b"\rprogress 100%"), raw[-80:]
     assert "finished: 2 rank(s) exited 0" in result.stderr
     assert_no_job_processes("mute")
+
+
+def test_a_line_of_megabytes_is_shown_once_and_cut_and_its_log_keeps_all(tmp_path: Path) -> None:
+    """A rank's 100 MB line was copied whole at every 64 KiB read and shown again each second
+    (6.3 GB of console for one line, 97 s); the console now shows at most ``CONSOLE_LINE_MAX``
+    bytes of a line once it ends, a progress bar's latest state, and the log all of it."""
+    from launcher.run.output import CONSOLE_LINE_MAX, Pump
+
+    read_end, write_end = os.pipe()
+    shown: list[bytes] = []
+    pump = Pump(read_end, str(tmp_path / "rank_0.log"), "vm:0", shown.append)
+    pump.start()
+    long_line = b"x" * (4 << 20)
+    progress = b"".join(b"\rstep %d of 50000" % i for i in range(50000))  # 800 KB, no newline
+    with os.fdopen(write_end, "wb") as w:
+        for data in (b"first\n", long_line, b"-end\n", progress, b"\nlast"):
+            w.write(data)
+    pump.join(30)
+    assert not pump.is_alive()
+    assert (tmp_path / "rank_0.log").read_bytes() == b"first\n" + long_line + b"-end\n" + \
+        progress + b"\nlast"
+    ended = [line for line in shown if not line.startswith(b"step")]
+    assert ended[0] == b"first" and ended[-1] == b"last"
+    cut = [line for line in ended if line.startswith(b"xxx")]
+    assert cut and all(len(line) < CONSOLE_LINE_MAX + 64 for line in cut)
+    assert cut[-1].endswith(b" ...(%d bytes more in the rank's log)" % (len(long_line) + 4 -
+                                                                        CONSOLE_LINE_MAX))
+    assert b"step 49999 of 50000" in shown, "the progress bar's last state"
+    assert sum(map(len, shown)) < 4 * CONSOLE_LINE_MAX
