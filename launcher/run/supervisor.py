@@ -15,6 +15,7 @@ the stop signals and closes the processes.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Callable, Mapping, Optional, TextIO
@@ -325,6 +326,21 @@ def _reported(group: ProcessGroup) -> list[Failure]:
 
 
 def print_message(result: JobResult, stream: TextIO) -> None:
+    """The job's closing block. It quotes what ranks wrote (their exception, their log's last
+    lines, their stacks): a terminal's control codes in them are shown, not obeyed, or a rank's
+    ``ESC[2J`` would wipe the block that names it."""
     if result.message:
-        stream.write(result.message + "\n")
+        stream.write(printable(result.message) + "\n")
         stream.flush()
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab written as an escape."""
+    if text.isprintable() or not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 (but tab and newline), DEL and C1: ESC starts a terminal's escape sequences, and C1's
+CSI (U+009B) does on some terminals on its own."""

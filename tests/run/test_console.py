@@ -105,3 +105,19 @@ def test_a_line_of_megabytes_is_shown_once_and_cut_and_its_log_keeps_all(tmp_pat
                                                                         CONSOLE_LINE_MAX))
     assert b"step 49999 of 50000" in shown, "the progress bar's last state"
     assert sum(map(len, shown)) < 4 * CONSOLE_LINE_MAX
+
+
+def test_a_ranks_terminal_codes_are_shown_not_obeyed_in_the_failure_block(weird_tmp: Path) -> None:
+    """A failed rank's last line clearing the screen (``ESC[2J``) or setting the terminal's
+    title ran when the block that names it was printed, and could wipe it."""
+    script = weird_tmp / "wipes.py"
+    script.write_text('import sys\nprint("\\x1b[2J\\x1b]0;pwned\\x07gone", flush=True)\n'
+                      'raise RuntimeError("\\x1b[31mred\\x1b[0m")\n')
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "wipes", "--log-dir",
+                          str(weird_tmp / "logs"), str(script))
+    assert result.returncode == 1, result.stderr
+    block = result.stderr[result.stderr.index("failed: rank"):]
+    assert "\x1b" not in block and "\x07" not in block, block
+    assert "RuntimeError: \\x1b[31mred\\x1b[0m" in block
+    assert "| \\x1b[2J\\x1b]0;pwned\\x07gone" in block
+    assert_no_job_processes("wipes")
