@@ -149,6 +149,7 @@ class ProcessGroup:
         self._closed = True
         ended = self._stop_agents_politely(grace)
         self._signal_all(signal.SIGTERM)
+        self._signal_all(signal.SIGCONT)  # one stopped (kill -STOP) acts on it, not on the SIGKILL
         ended += self._wait_until(time.monotonic() + grace)
         self._signal_all(signal.SIGKILL)
         ended += self._wait_until(time.monotonic() + 5.0)

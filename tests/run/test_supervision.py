@@ -239,3 +239,23 @@ def test_launcher_killed_by_sigkill_takes_ranks_along(weird_tmp: Path) -> None:
     gone = lambda: not job_pids("orphan-job") and not any(alive(p) for p in seen)  # noqa: E731
     wait_for(gone, "ranks to follow their dead launcher", 60)
     assert_no_job_processes("orphan-job", seen)
+
+
+def test_a_stopped_rank_is_woken_to_take_its_sigterm(weird_tmp: Path) -> None:
+    """A rank frozen by ``kill -STOP`` sat on its SIGTERM for the whole ``--kill-timeout`` and
+    was SIGKILLed; the teardown now sends SIGCONT with the SIGTERM, so it ends by the SIGTERM."""
+    script = weird_tmp / "frozen.py"
+    script.write_text("import os, signal, time\n"
+                      "if os.environ['RANK'] == '0':\n"
+                      "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                      "    time.sleep(600)\n"
+                      "time.sleep(0.5)\n"
+                      "raise RuntimeError('rank 1 fails while rank 0 is stopped')\n")
+    logs = weird_tmp / "logs"
+    result = run_launcher("--device", "cpu", "--cards", "2", "--kill-timeout", "300", "--job-id",
+                          "frozen", "--log-dir", str(logs), str(script), timeout=240)
+    assert result.returncode == 1, result.stderr
+    summary = json.loads((logs / "summary.json").read_text())
+    assert [(r["rank"], r["exit_code"]) for r in summary["ranks"]] == [
+        (0, -signal.SIGTERM), (1, 1)], summary["ranks"]
+    assert_no_job_processes("frozen")
