@@ -1,4 +1,4 @@
 """``python -m launcher.cli``: the same as the ``npu-launch`` command."""
-from launcher.cli.main import main
+from launcher.cli import entry
 
-main()
+entry()

@@ -523,3 +523,24 @@ def test_hostile_inputs_in_a_real_process(kind: str) -> None:
         outcome = run_in(workdir, [*fixed, *args])
         assert_contract(outcome)
         assert outcome.code == 2 or kind in ("report",), outcome.stderr[-2000:]
+
+
+def test_ctrl_c_while_the_command_loads_is_exit_130_not_a_traceback(monkeypatch) -> None:
+    """SIGINT in the first 0.3 s, while ``npu-launch`` still imports its modules, printed a
+    KeyboardInterrupt traceback; it now ends as Ctrl-C before anything started does."""
+    import builtins
+    import sys
+
+    from launcher.cli import entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "launcher.cli.main":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+    monkeypatch.delitem(sys.modules, "launcher.cli.main", raising=False)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        entry()
+    assert ended.value.code == 130
