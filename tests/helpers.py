@@ -66,6 +66,26 @@ def start_job(log_dir: Path, job_id: str, script: str, *script_args: str, cards:
                             env=env)
 
 
+UNWRITABLE_STDOUTS = ("/dev/full", "closed", "a pipe nobody reads")
+"""The standard outputs a command cannot write to, as ``run_unwritable`` makes them."""
+
+
+def run_unwritable(argv: list[str], stdout: str, cwd: Optional[Path] = None,
+                   timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``argv`` to the end with one of ``UNWRITABLE_STDOUTS`` as its standard output (and
+    its stderr captured)."""
+    if stdout == "a pipe nobody reads":
+        read, write = os.pipe()
+        os.close(read)
+        out = os.fdopen(write, "wb")
+    else:
+        out = open(os.devnull if stdout == "closed" else stdout, "wb")
+    with out:
+        return subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.PIPE, text=True,
+                              timeout=timeout,
+                              preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+
+
 def run_torchrun(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 script``; if it outlives the guard, its whole
     session is killed (torchrun's workers would outlive a torchrun killed alone)."""

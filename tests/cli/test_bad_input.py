@@ -9,7 +9,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, assert_one_line_error, npu_launch_argv, run_launcher
+from helpers import (
+    RANK_SCRIPTS,
+    UNWRITABLE_STDOUTS,
+    assert_one_line_error,
+    npu_launch_argv,
+    run_launcher,
+    run_unwritable,
+)
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
 CPU = ("--device", "cpu")
@@ -107,22 +114,14 @@ def test_a_message_is_bounded_and_one_line(tmp_path: Path) -> None:
     assert len(result.stderr) < 600
 
 
-@pytest.mark.parametrize("stdout", ["/dev/full", "closed", "a pipe nobody reads"])
+@pytest.mark.parametrize("stdout", UNWRITABLE_STDOUTS)
 @pytest.mark.parametrize("json_plan", [False, True], ids=["text", "json"])
 def test_a_plan_that_cannot_be_written_is_one_line(tmp_path: Path, stdout: str, json_plan: bool) -> None:
     """Like an unwritable ``-o FILE``: exit 2 and one line, and no traceback from Python's last
     flush of standard output at exit."""
     argv = npu_launch_argv(*CPU, "--cards", "2", "--dry-run", *(["--json"] if json_plan else []),
                            "--log-dir", str(tmp_path / "logs"), SCRIPT)
-    if stdout == "a pipe nobody reads":
-        read, write = os.pipe()
-        os.close(read)
-        out = os.fdopen(write, "wb")
-    else:
-        out = open(os.devnull if stdout == "closed" else stdout, "wb")
-    with out:
-        result = subprocess.run(argv, cwd=tmp_path, stdout=out, stderr=subprocess.PIPE, text=True,
-                                timeout=120, preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    result = run_unwritable(argv, stdout, cwd=tmp_path, timeout=120)
     why = {"/dev/full": "No space left on device", "closed": "it is closed"}.get(stdout, "Broken pipe")
     assert_one_line_error(result, f"npu-launch: error: cannot write the plan to standard output: {why}")
     assert not (tmp_path / "logs").exists()

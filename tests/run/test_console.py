@@ -5,11 +5,18 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, assert_no_job_processes, npu_launch_argv, per_rank, run_launcher
+from helpers import (
+    RANK_SCRIPTS,
+    UNWRITABLE_STDOUTS,
+    assert_no_job_processes,
+    npu_launch_argv,
+    per_rank,
+    run_launcher,
+    run_unwritable,
+)
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
 
@@ -51,22 +58,14 @@ def test_console_filter_and_failing_exit_code(weird_tmp: Path) -> None:
 
 
 
-@pytest.mark.parametrize("stdout", ["/dev/full", "closed", "a pipe nobody reads"])
+@pytest.mark.parametrize("stdout", UNWRITABLE_STDOUTS)
 def test_a_console_that_cannot_be_written_leaves_the_job_and_its_logs_whole(weird_tmp: Path,
                                                                            stdout: str) -> None:
     """Only the console's copy of the rank lines is lost, said once on stderr."""
     logs = weird_tmp / "logs"
     argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--job-id", "mute", "--log-dir",
                            str(logs), CHATTY, "--lines", "300")
-    if stdout == "a pipe nobody reads":
-        read, write = os.pipe()
-        os.close(read)
-        out = os.fdopen(write, "wb")
-    else:
-        out = open(os.devnull if stdout == "closed" else stdout, "wb")
-    with out:
-        result = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE, text=True, timeout=300,
-                                preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    result = run_unwritable(argv, stdout)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
     lost = [line for line in result.stderr.splitlines() if "cannot write rank lines" in line]
