@@ -7,6 +7,7 @@ between private-disk hosts.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import socket
@@ -195,8 +196,13 @@ def test_an_upload_names_ascii_numbers_a_hex_sha256_and_a_plain_name(fields: lis
 def _raw_upload(address: str, line: str, body: bytes) -> bytes:
     """Send ``line`` and ``body`` as a client that keeps to no rule would; what comes back."""
     with socket.create_connection(("127.0.0.1", _port(address))) as conn:
-        conn.sendall(line.encode() + b"\n" + body)
-        conn.shutdown(socket.SHUT_WR)
+        try:
+            conn.sendall(line.encode() + b"\n" + body)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError as e:  # the server hung up first (a 3 MB body past its size): no answer
+            if e.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise
+            return b""
         answer = b""
         try:
             while chunk := conn.recv(100):
