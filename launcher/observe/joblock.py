@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 from typing import Optional
 
 from launcher.errors import ConfigError
 
 LOCK_NAME = ".npu_launch.lock"
+_MSRUN_LOG = re.compile(r"scheduler\.log|worker_\d+\.log")
+"""The logs msrun leaves in its ``--log_dir``."""
 
 
 def check_log_dir(log_dir: str) -> None:
@@ -40,13 +43,16 @@ def check_log_dir(log_dir: str) -> None:
 
 def _ours_or_empty(folder: str) -> bool:
     """Whether ``folder`` is an earlier launch's log directory (its lock file stays: the same
-    command resumes there) or holds nothing but a file system's ``lost+found``. Looked at one
-    entry at a time: ``--log-dir /`` must not list a whole tree to be refused."""
+    command resumes there) or holds nothing but a file system's ``lost+found`` and msrun's own
+    logs (``npu-launch msrun --log_dir msrun_log`` after msrun ran there: npu-launch appends to
+    a ``scheduler.log`` and writes ``rank_N.log``, never ``worker_N.log``). Looked at one entry
+    at a time: ``--log-dir /`` must not list a whole tree to be refused."""
     if os.path.lexists(os.path.join(folder, LOCK_NAME)):
         return True
     try:
         with os.scandir(folder) as entries:
-            return all(entry.name == "lost+found" for entry in entries)
+            return all(entry.name == "lost+found" or _MSRUN_LOG.fullmatch(entry.name)
+                       for entry in entries)
     except OSError:
         return True  # unreadable: writing there fails with its own message
 

@@ -168,7 +168,10 @@ class TestLogDirectory:
         assert (mine / "plan.json").read_text() == "precious"
         (tmp_path / "empty" / "lost+found").mkdir(parents=True)
         (mine / ".npu_launch.lock").write_text("")
-        for taken in ("empty", "mine"):
+        (tmp_path / "msrun_log").mkdir()  # msrun ran there before: npu-launch msrun reuses it
+        for name in ("scheduler.log", "worker_0.log", "worker_1.log"):
+            (tmp_path / "msrun_log" / name).write_text("msrun's\n")
+        for taken in ("empty", "mine", "msrun_log"):
             result = run_launcher(*CPU, "--dry-run", "--log-dir", taken, SCRIPT, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
 
