@@ -186,9 +186,10 @@ class Pump(threading.Thread):
         self._pending_since = time.monotonic()
 
     def _flush_pending(self) -> None:
-        if self._on_line is not None and self._pending and \
-                self._pending_line() != self._shown_pending:
-            self._on_line(self._pending_line())
+        if self._on_line is not None and self._pending:
+            line = self._pending_line()
+            if line != self._shown_pending:
+                self._on_line(line)
         self._pending, self._left_out = bytearray(), 0
 
 

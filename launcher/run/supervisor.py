@@ -336,8 +336,6 @@ def print_message(result: JobResult, stream: TextIO) -> None:
 
 def printable(text: str) -> str:
     """``text`` with every control character but newline and tab written as an escape."""
-    if text.isprintable() or not _CONTROL.search(text):
-        return text
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
