@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -91,9 +92,11 @@ def test_a_rank_that_left_the_collectives_early_is_named_as_the_cause(weird_tmp:
                           "--hang-timeout", "2", PACED, "--steps", "20", "--step-s", "0.1",
                           "--end-rank", "1", "--end-at", "2", "--hang-rank", "1", "--hang-at", "4")
     assert result.returncode == HANG_EXIT_CODE, result.stderr[-3000:]
-    assert ("wait with no progress for 2 s (--hang-timeout 2), but rank 1 on "
-            f"{socket.gethostname()} ended its script after step 3: it left the job's collectives "
-            "early") in result.stderr, result.stderr[-3000:]
+    # The silence named is the one measured: at least the limit, more on a loaded machine.
+    said = re.search(r"wait with no progress for (\d+) s \(--hang-timeout 2\), but rank 1 on "
+                     + re.escape(socket.gethostname()) + r" ended its script after step 3: it "
+                     r"left the job's collectives early", result.stderr)
+    assert said and int(said[1]) >= 2, result.stderr[-3000:]
     summary = _summary(logs)
     assert summary["root_cause"]["rank"] == 1 and summary["stall"]["left"] is True
     assert_no_job_processes("left-early")

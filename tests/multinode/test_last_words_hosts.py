@@ -9,6 +9,7 @@ file gets a copy before its rank starts, whether node 0's own rank saved it or t
 did (node 0 has it sent first)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,9 @@ def test_a_rank_lost_on_one_host_leaves_the_other_hosts_replica_last_step(
         str(weird_tmp / "last_words_plain.py"), "--at", "3", "--fails", str(fails),
         "--fail-after", "1", *(["--hangs"] if hangs else [])], cwd=weird_tmp, timeout=180)
     if hangs:  # node 0 judged from both hosts' progress: the request's age is the silence's
-        assert "rank 1 on " + b + " hangs: no progress for 2 s" in result.stderr, \
-            result.stderr[-4000:]
+        said = re.search("rank 1 on " + re.escape(b) + r" hangs: no progress for (\d+) s",
+                         result.stderr)
+        assert said and int(said[1]) >= 2, result.stderr[-4000:]
     assert result.returncode == 0, result.stderr[-4000:]
     said = [line for line in result.stderr.splitlines() if "last words" in line]
     assert len(said) == 1 and said[0].startswith(
