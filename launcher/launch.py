@@ -127,7 +127,8 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     row at the same step (or both before any), of the same cause, with no newer complete
     checkpoint, stop the job (``restarts.cannot_help``); a failure before start-up is not
     restarted, and one line says why (``restarts.not_restarted``)."""
-    policy = Policy(config.max_restarts, *config.backoff, config.min_nodes)
+    policy = Policy(config.max_restarts, *config.backoff, config.min_nodes,
+                    first_at_once=config.restart_backoff is None)
     blamed: list[Optional[str]] = []
     last: Optional[FailurePoint] = None
     left_out: list[str] = []

@@ -97,7 +97,7 @@ def cli() -> None:
               help="Restart the whole job after a failure or a hang, this many times at most "
               "in all (one budget for every node; not after start-up errors).")
 @click.option("--restart-backoff", type=float, help="Seconds to wait before the first restart, "
-              "doubled before each next one [default: 1].")
+              "doubled before each next one [default: the first at once, then 1].")
 @click.option("--restart-backoff-max", type=float, help="The longest wait between two attempts "
               "[default: 60].")
 @click.option("--min-nodes", type=WHOLE_NUMBER, help="Leave a host whose ranks caused the last two "

@@ -65,7 +65,8 @@ class ConsoleFilter:
 
 
 DEFAULT_BACKOFF = 1.0
-"""Seconds before the first restart (``--restart-backoff``); doubled before each next one."""
+"""Seconds before the second restart when ``--restart-backoff`` is not given (the first comes at
+once); doubled before each next one."""
 DEFAULT_BACKOFF_MAX = 60.0
 """The longest wait between two attempts (``--restart-backoff-max``)."""
 

@@ -2,7 +2,10 @@
 
 One budget for the whole job (``--max-restarts``): node 0 decides every restart, whichever host
 failed, so two failures on two hosts use two restarts of it. Before restart k the launcher waits
-``--restart-backoff`` x 2^(k-1) seconds, at most ``--restart-backoff-max``. With ``--min-nodes``
+``--restart-backoff`` x 2^(k-1) seconds, at most ``--restart-backoff-max``; without the option
+the first restart comes at once (as torchrun's do) and restart k waits 2^(k-2) seconds: a failure
+that repeats is met by the backoff from then on, and one that repeats at the same step by
+``cannot_help``. With ``--min-nodes``
 a host whose ranks were the root cause of the last two failures in a row is left out of the next
 attempt, if at least that many hosts remain and the data still splits over the ranks left
 (``Shrink``). Two attempts in a row that failed at the same step (or both before any step or
@@ -37,9 +40,14 @@ class Policy:
     backoff: float = 1.0
     backoff_max: float = 60.0
     min_nodes: Optional[int] = None
+    first_at_once: bool = False
+    """The default (no ``--restart-backoff``): the first restart does not wait, and the backoff
+    begins with the second."""
 
     def wait_before(self, restart: int) -> float:
         """Seconds to wait before restart number ``restart`` (1 for the first)."""
+        if self.first_at_once:
+            restart -= 1
         if restart < 1 or self.backoff <= 0:
             return 0.0
         return min(self.backoff * 2.0 ** min(restart - 1, 60), self.backoff_max)

@@ -150,6 +150,11 @@ def test_the_backoff_doubles_up_to_its_cap() -> None:
     assert Policy(1000, 1.0, 60.0).wait_before(1000) == 60.0, "no overflow far out"
 
 
+def test_by_default_the_first_restart_comes_at_once_and_the_backoff_begins_with_the_second() -> None:
+    policy = Policy(max_restarts=10, backoff=1.0, backoff_max=4.0, first_at_once=True)
+    assert [policy.wait_before(k) for k in range(0, 7)] == [0, 0, 1, 2, 4, 4, 4]
+
+
 def _failed(host) -> JobResult:
     return JobResult(Outcome.FAILED, 1, "failed", 0.0, Cause(Outcome.FAILED, "rank", 0, host))
 
