@@ -56,6 +56,7 @@ from launcher.run.restarts import (
     shrink_problem,
     stop_restarting,
 )
+from launcher.run.spares import Spares
 from launcher.run.supervisor import print_message, run_local
 from launcher.run.watch import wait_unless_signalled
 from parallel import contract
@@ -129,6 +130,19 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     restarted, and one line says why (``restarts.not_restarted``)."""
     policy = Policy(config.max_restarts, *config.backoff, config.min_nodes,
                     first_at_once=config.restart_backoff is None)
+    # Warm spares for the next attempt (``launcher.run.spares``): where this launcher runs ranks.
+    spares = Spares(environ, job.plan.workdir, job.node_rank) \
+        if policy.max_restarts and job.backend is None else None
+    try:
+        return _attempts(job, config, environ, console, attempts, err, policy, spares)
+    finally:
+        if spares is not None:
+            spares.close()
+
+
+def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
+              attempts: "Attempts", err: TextIO, policy: Policy,
+              spares: Optional[Spares]) -> JobResult:
     blamed: list[Optional[str]] = []
     last: Optional[FailurePoint] = None
     left_out: list[str] = []
@@ -136,7 +150,9 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     while True:
         attempt = attempts.begin(job.plan)
         started = time.time()
-        result = attempt.blame(run_job(job, config, environ, console, attempt, err))
+        if spares is not None:
+            spares.wanted = job.plan.restart < policy.max_restarts
+        result = attempt.blame(run_job(job, config, environ, console, attempt, err, spares))
         plan = job.plan
         attempts.monitor.attempt_ended(AttemptRecord.of(
             plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
@@ -279,7 +295,8 @@ def _own_log_dir(job: Job) -> str:
 
 
 def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
-            attempt: Attempt, err: Optional[TextIO] = None) -> JobResult:
+            attempt: Attempt, err: Optional[TextIO] = None,
+            spares: Optional[Spares] = None) -> JobResult:
     plan = job.plan
     files.remove(os.path.join(plan.log_dir, contract.STOP_REQUEST_FILE))  # an earlier launch's
     last_words.clear(plan.log_dir)
@@ -295,7 +312,8 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
             return missing
         stop = StopRequest(plan, attempt, err)
         return run_local(plan, environ, job.node_rank, console, config.console, attempt,
-                         on_stop=stop, on_fault=LastWordsRequest(plan, attempt, err))
+                         on_stop=stop, on_fault=LastWordsRequest(plan, attempt, err),
+                         spares=spares)
     prepare_dirs(plan.log_dir)
     mark_storage(plan.log_dir, plan.token)  # before any agent looks for it
     replicas = plan.resume.replicas if plan.resume else {}

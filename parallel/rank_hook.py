@@ -55,6 +55,7 @@ def install() -> None:
     the processes a rank starts (a subprocess, a multiprocessing worker: not ranks)."""
     if not events.in_the_rank():
         return
+    warm = _stand_by() if contract.SPARE in os.environ else None
     if contract.EVENTS_FILE in os.environ or contract.ERROR_FILE in os.environ:
         os.environ[contract.RANK_PID] = str(os.getpid())
     if contract.PARENT_PID in os.environ:
@@ -68,12 +69,79 @@ def install() -> None:
     if contract.EVENTS_FILE in os.environ:
         events.emit(contract.EVENT_STARTED, role=os.environ.get(contract.MS_ROLE, ""),
                     main_thread=hex(threading.main_thread().ident or 0),
-                    process_start=process_start())
-        progress_on = os.environ.get(contract.PROGRESS) == "1"
-        hooks = {**_MODULE_HOOKS, **_TORCH_HOOKS} if progress_on else {**_INIT_HOOK,
-                                                                       **_TORCH_INIT_HOOK}
-        sys.meta_path.insert(0, _PatchingFinder(hooks))
-        sys.meta_path.insert(0, _FrameworkFinder(set(contract.FRAMEWORKS)))
+                    process_start=process_start() if warm is None else time.time())
+        if warm is None:
+            sys.meta_path.insert(0, _PatchingFinder(_hooks()))
+        sys.meta_path.insert(0, _FrameworkFinder(set(contract.FRAMEWORKS) - {warm}))
+        if warm is not None:
+            events.emit(contract.EVENT_FRAMEWORK, name=warm, kept=True, warm=True)
+    _started_as[:] = [dict(os.environ), list(sys.path)]
+
+
+def _hooks() -> dict[str, Callable[[Any], None]]:
+    """The framework functions to wrap: only ``init()`` unless hang detection counts progress."""
+    if os.environ.get(contract.PROGRESS) == "1":
+        return {**_MODULE_HOOKS, **_TORCH_HOOKS}
+    return {**_INIT_HOOK, **_TORCH_INIT_HOOK}
+
+
+def _stand_by() -> str:
+    """A warm spare (``parallel.spare``): the parent watch, the wrappers, the framework
+    imported, then the wait for the go; returns the framework, once this is a rank."""
+    framework = os.environ[contract.SPARE]
+    if contract.PARENT_PID in os.environ:
+        _die_with_parent(int(os.environ[contract.PARENT_PID]))
+    sys.meta_path.insert(0, _PatchingFinder(_hooks()))
+    from parallel import spare
+
+    spare.wait(framework)
+    api = sys.modules.get("mindspore.graph.api")
+    if api is not None:
+        _dep_paths_at_first_compile(api)
+    return framework
+
+
+def _dep_paths_at_first_compile(api: Any) -> None:
+    """MindSpore's compile cache keys the graphs on the script's own files: those not under
+    ``sys.path`` as it was when ``mindspore`` was imported (``graph.api.sys_path``, the script's
+    folder left out). A spare imported it before the script ran, so that list is taken again
+    at the first compile, once the script set up its ``sys.path``; else every warm restart
+    would compile anew."""
+    real = getattr(api, "_get_compile_cache_dep_files", None)
+    paths = getattr(api, "sys_path", None)
+    if real is None or not isinstance(paths, list):
+        return
+
+    def dep_files() -> Any:
+        if api._get_compile_cache_dep_files is dep_files:
+            api._get_compile_cache_dep_files = real
+            script_dir = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] \
+                else None
+            now = list(sys.path)
+            if script_dir in now:
+                now.remove(script_dir)
+            paths[:] = now
+        return real()
+    api._get_compile_cache_dep_files = dep_files
+
+
+_started_as: list[Any] = []
+"""The environment and ``sys.path`` as the hook left them: a script that changes the environment
+or where the framework is found before it imports it tells the launcher a spare would not run it
+the same (``kept``)."""
+
+
+def _kept(framework: str) -> bool:
+    """Whether the environment is as the hook left it, and ``framework`` is found where it was
+    then (a script may add its own folders to ``sys.path``, not another framework's)."""
+    if not _started_as:
+        return False
+    env, path = _started_as
+    if dict(os.environ) != env:
+        return False
+    now = importlib.machinery.PathFinder.find_spec(framework, sys.path)
+    then = importlib.machinery.PathFinder.find_spec(framework, path)
+    return now is not None and then is not None and now.origin == then.origin
 
 
 def process_start() -> Optional[float]:
@@ -221,9 +289,10 @@ class _FrameworkFinder(importlib.abc.MetaPathFinder):
         self._names.discard(fullname)
         if not self._names:
             sys.meta_path.remove(self)
+        kept = _kept(fullname)
         if fullname == "torch":
             _one_thread_per_rank(os.environ)
-        events.emit(contract.EVENT_FRAMEWORK, name=fullname)
+        events.emit(contract.EVENT_FRAMEWORK, name=fullname, kept=kept)
         return None
 
 
@@ -385,4 +454,4 @@ def wait_for_scheduler(environ: "os._Environ[str] | dict[str, str]") -> None:
             socket.create_connection(address, timeout=1.0).close()
             return
         except OSError:
-            time.sleep(0.02)
+            time.sleep(0.001)

@@ -69,6 +69,9 @@ class RankRecord:
 
     main_thread: str = ""
     frameworks: frozenset[str] = frozenset()
+    kept: frozenset[str] = frozenset()
+    """The frameworks the script began importing with the environment and ``sys.path`` it was
+    started with (``contract.EVENT_FRAMEWORK``'s ``kept``): a warm spare would run it the same."""
     calling_init: bool = False
     initialised: bool = False
     step: Optional[int] = None
@@ -198,6 +201,8 @@ def _started(r: RankRecord, event: Event, now: Optional[float]) -> None:
 def _framework(r: RankRecord, event: Event, now: Optional[float]) -> None:
     if event.name:
         r.frameworks = r.frameworks | {event.name}
+        if event.record.get("kept") is True:
+            r.kept = r.kept | {event.name}
 
 
 def _init_started(r: RankRecord, event: Event, now: Optional[float]) -> None:

@@ -20,6 +20,7 @@ import psutil
 
 from launcher.plan.launch_plan import ProcessSpec
 from launcher.run.output import LineSink, Pump
+from launcher.run.spares import Spare, process_env
 from launcher.run.stdin_feed import StdinFeed
 from launcher.run.strays import Guardian, kill_job_strays
 from parallel import contract
@@ -108,12 +109,24 @@ class ProcessGroup:
                 and not self._closed:
             self._guardian = Guardian(self._token, self._node_rank, env.get(contract.JOB_ID, ""))
 
+    def adopt(self, spare: Spare, spec: ProcessSpec, on_line: Optional[LineSink]) -> Optional[int]:
+        """Make ``spare`` (``launcher.run.spares``, taken for ``spec``) the process of ``spec``,
+        as if ``start`` had started it: the go with ``spec``'s environment, then its output
+        pumped; None when the go could not be given (the spare is ended: start ``spec``)."""
+        env = self._env(spec)
+        if self._closed or not spare.go(env):
+            spare.end()
+            return None
+        self._guard(env)
+        pump = Pump(spare.output, spec.log_path, spec.label, on_line)
+        pump.start()
+        self._running[spec.label] = (spec, spare.proc)
+        self._pumps[spec.label] = pump
+        self.pids[spec.label] = spare.proc.pid
+        return spare.proc.pid
+
     def _env(self, spec: ProcessSpec) -> dict[str, str]:
-        """``spec``'s environment: this launcher as its parent, and no rank's pid inherited (a
-        launcher started inside a rank would otherwise leave its own ranks unhooked)."""
-        env = {**self._base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
-        env.pop(contract.RANK_PID, None)
-        return env
+        return process_env(self._base_env, spec)
 
     def send(self, data: bytes) -> None:
         """Write ``data`` to every running process started with a stdin pipe (the node agents),

@@ -38,13 +38,16 @@ from launcher.run.failures import (
     describe_stuck,
     root_cause,
 )
-from launcher.run.output import Console
+from launcher.run.output import Console, LineSink
 from launcher.run.process import Exit, ProcessGroup
+from launcher.run.spares import Spares
 from launcher.run.watch import FaultHook, Reporter, StopHook, Watch
 from parallel import contract
 from parallel.contract import Event
 
 _DRAIN_TIMEOUT = 0.5
+_SPARES_AFTER = 10.0
+"""Seconds after ``init()`` a rank that reports no first step is taken as past its compile."""
 
 
 class LocalRanks:
@@ -55,8 +58,18 @@ class LocalRanks:
     everything = "every process"
 
     def __init__(self, plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int,
-                 console: Console, console_filter: ConsoleFilter, reporter: Reporter) -> None:
+                 console: Console, console_filter: ConsoleFilter, reporter: Reporter,
+                 spares: Optional[Spares] = None) -> None:
         self._plan = plan
+        self._spares = None if plan.foreground else spares
+        """Where this attempt's processes come from when warm, and the next's are stood by
+        (``launcher.run.spares``); None where no attempt follows another."""
+        self._stood_by = False
+        self._warm_scheduler = False
+        """The scheduler is a warm spare: it starts once every rank here waits for it in
+        ``init()``, so that their registrations reach it together. MindSpore's CPU collective
+        sleeps 3 s in ``init()`` when one rank leaves the cluster build before another, and ranks
+        that register apart, or when the scheduler is already busy, leave apart."""
         self._base_env = base_env
         self._specs = plan.on_node(node_rank)
         self._node_rank = node_rank
@@ -87,6 +100,9 @@ class LocalRanks:
         self._looks: Optional[hookless.Looks] = None
         """When to look for ranks without the hook: until the scheduler starts."""
         self._hookless: set[int] = set()
+        self._warm: set[int] = set()
+        """Ranks that are warm spares: the hook is theirs by making, and a spare still importing
+        MindSpore when it was taken maps its library before it says so."""
         """Ranks found running MindSpore without the rank hook: they cannot be timed."""
 
     def group(self) -> ProcessGroup:
@@ -100,13 +116,15 @@ class LocalRanks:
         self._deadline = self._startup_deadline(time.time())
         self._looks = None if self._scheduler is None else hookless.Looks(
             time.time(), self._deadline or time.time() + hookless.WINDOW)
+        self._warm_scheduler = self._scheduler is not None and self._spares is not None \
+            and self._scheduler.label in self._spares
         for rank, spec in self._by_rank.items():
             _remove_stale(spec)
             if self._plan.foreground:
                 group.start_foreground(spec)
             else:
                 sink = self._console.rank_sink(spec.host, rank)
-                group.start(spec, sink if self._filter.shows(rank) else None)
+                self._start_one(group, spec, sink if self._filter.shows(rank) else None)
         if not self._by_rank:  # a pod that runs the scheduler alone: the other pods' ranks need it
             self._start_scheduler()
 
@@ -115,11 +133,35 @@ class LocalRanks:
         if self._scheduler is None or self._group is None:
             return
         spec, self._scheduler, self._looks = self._scheduler, None, None
-        self._group.start(spec, None)
+        self._start_one(self._group, spec, None)
+
+    def _start_one(self, group: ProcessGroup, spec: ProcessSpec, sink: Optional[LineSink]) -> None:
+        """Start ``spec``: its warm spare if one stands by for it, else a new process."""
+        spare = self._spares.take(spec) if self._spares is not None else None
+        if spare is not None and group.adopt(spare, spec, sink) is not None:
+            if spec.rank is not None:
+                self._warm.add(spec.rank)
+        else:
+            group.start(spec, sink)
+
+    def _stand_spares_by(self, now: float) -> None:
+        """Once, when every rank here trained its first step (or initialised 10 s ago) and
+        began importing MindSpore alone, as it was started: the next attempt's spares."""
+        if self._spares is None or self._stood_by or not self._records or self._hookless:
+            return
+        for r in self._records.values():
+            if r.frameworks != {"mindspore"} or r.kept != {"mindspore"} or r.exited \
+                    or r.initialised_time is None:
+                return
+            if r.first_step_time is None and now - r.initialised_time < _SPARES_AFTER:
+                return
+        self._stood_by = True
+        self._spares.stand_by(self._specs, "mindspore")
 
     def check(self, group: ProcessGroup, exits: list[Exit]) -> Optional[Outcome]:
         self._exits += exits
         self._read_events()
+        self._stand_spares_by(time.time())
         if self._looks is not None and self._looks.due(time.time()):
             self._look_for_hookless(group)
         self._report_exits(exits)
@@ -246,7 +288,8 @@ class LocalRanks:
         """A rank that named no framework found running MindSpore counts as having said it
         imports MindSpore (``hookless``): the scheduler starts."""
         silent = {s.rank: group.pids[s.label] for s in group.running()
-                  if s.rank is not None and not self._records[s.rank].frameworks}
+                  if s.rank is not None and not self._records[s.rank].frameworks
+                  and s.rank not in self._warm}
         for rank, python in hookless.with_mindspore(silent).items():
             self._hookless.add(rank)
             self._fold(hookless.said_for(rank, self._by_rank[rank].host, python, time.time()))
@@ -284,8 +327,11 @@ class LocalRanks:
                     self._reporter.event(event)
                     continue
                 self._fold(event)
-                if event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore":
+                if event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore" \
+                        and not self._warm_scheduler:
                     self._start_scheduler()
+                elif self._warm_scheduler and all(r.calling_init for r in self._records.values()):
+                    self._start_scheduler()  # see ``_warm_scheduler``
 
     def _fold(self, event: Event) -> None:
         """Fold one of this node's rank events into its record, then pass it on."""
@@ -298,10 +344,10 @@ class LocalRanks:
 def run_local(plan: LaunchPlan, base_env: Mapping[str, str], node_rank: int, console: Console,
               console_filter: ConsoleFilter, reporter: Reporter,
               on_stop: Optional[StopHook] = None,
-              on_fault: Optional[FaultHook] = None) -> JobResult:
+              on_fault: Optional[FaultHook] = None, spares: Optional[Spares] = None) -> JobResult:
     """Run this node's share of ``plan`` here until it ends; ``on_stop``, ``on_fault``: see
-    ``Watch``."""
-    ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter)
+    ``Watch``; ``spares``: see ``LocalRanks``."""
+    ranks = LocalRanks(plan, base_env, node_rank, console, console_filter, reporter, spares)
     return Watch(plan, ranks, ranks.group(), reporter.tick, on_stop=on_stop,
                  on_fault=on_fault, exits_overdue=reporter.exits_overdue).run()
 

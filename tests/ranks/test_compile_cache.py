@@ -145,8 +145,10 @@ def _graphs(cache: Path, rank: int) -> list[Path]:
 
 @pytest.mark.mindspore
 def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) -> None:
-    """The first attempt compiles and keeps each rank's graphs in the log dir; the restart
-    loads them, writes none, and trains to what the first attempt's compiled graphs did."""
+    """The first attempt compiles and keeps each rank's graphs in the log dir; the restart,
+    whose ranks are warm spares (``launcher.run.spares``: MindSpore was imported before the
+    script ran, and the script's folders reach the cache's key anyway), loads them, writes none,
+    and trains to what the first attempt's compiled graphs did."""
     logs = weird_tmp / "logs"
     result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "cache-restart",
                           "--log-dir", str(logs), "--max-restarts", "1", JOB, "--fail-rank", "1",
@@ -159,6 +161,9 @@ def test_a_restart_loads_the_graphs_the_first_attempt_compiled(weird_tmp: Path) 
     assert cache.parent == logs / COMPILE_CACHE
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     second = sorted(r["time"] for r in records if r["event"] == "started")[2]
+    warm = [(r["rank"], r.get("warm", False)) for r in records if r["event"] == "framework"]
+    assert sorted(warm) == [(0, False), (0, True), (1, False), (1, True)], \
+        f"the restart's ranks were warm spares, started during the first attempt: {warm}"
     for rank in (0, 1):
         first_attempt, _, restarted = (logs / f"rank_{rank}.log").read_text().partition(LOADED)
         assert COMPILED in first_attempt and restarted, f"rank {rank} compiled, then loaded"

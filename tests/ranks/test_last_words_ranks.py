@@ -95,6 +95,14 @@ def test_a_crash_then_a_hang_each_leave_last_words_and_the_job_ends_as_uninterru
     assert ledger["position"]["global_step"] == crashed
     attempts = json.loads((weird_tmp / "logs" / "summary.json").read_text())["attempts"]
     assert [a["resumed_from"] for a in attempts] == [None, crashed, hung], attempts
+    records = [json.loads(line) for line in
+               (weird_tmp / "logs" / "metrics.jsonl").read_text().splitlines()]
+    warm = [r.get("warm", False) for r in records if r["event"] == "framework"]
+    assert warm == [False] * 2 + [True] * 4, f"both restarts' ranks were warm spares: {warm}"
+    for rank in (0, 1):  # the script puts scripts/ on sys.path before it imports MindSpore
+        log = (weird_tmp / "logs" / f"rank_{rank}.log").read_text()
+        assert "The compilation dependency files are changed" not in log, \
+            "a warm rank keys the compile cache on the script's files as a cold one does"
     _assert_resumed_to_the_same_parameters(straight, weird_tmp, hung)
 
 
