@@ -7,7 +7,8 @@ a periodic checkpoint every 5 epochs) three ways, in one run:
 
 * uninterrupted;
 * a crash: rank 1 SIGKILLs itself after step ``--at-step`` (``tests/rank_scripts/digits_faults.py
-  --kill-at-step``), ``--max-restarts 1``;
+  --kill-at-step``), ``--max-restarts 1`` and npu-launch's defaults otherwise (since stop 38:
+  the first restart at once, warm spares; until then ``--restart-backoff 1`` was passed);
 * a hang: rank 1 stops (sleeps) after step ``--at-step`` in the first attempt
   (``tests/rank_scripts/digits_last_words.py --hang-at-step``), ``--max-restarts 1``, the hang
   limit npu-launch's default (learnt from the job);
@@ -98,7 +99,7 @@ def hang(tmp: Path, at_step: int) -> dict[str, Any]:
 def restarted(logs: Path, at_step: int, fault: list[str], fault_time: Any) -> dict[str, Any]:
     """The job with ``fault`` and one restart; ``fault_time(logs)`` says when the fault was."""
     started, cpu = time.monotonic(), children_cpu()
-    done = subprocess.run([*LAUNCH, "--max-restarts", "1", "--restart-backoff", "1",
+    done = subprocess.run([*LAUNCH, "--max-restarts", "1",
                            "--log-dir", str(logs), *fault], capture_output=True, text=True,
                           cwd=REPO)
     wall = time.monotonic() - started
@@ -171,15 +172,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--at-step", type=int, default=50)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "faults.json")
+    parser.add_argument("--faults", nargs="+", choices=("crash", "hang", "stop"),
+                        default=["crash", "hang", "stop"],
+                        help="the faults to run beside the uninterrupted job")
     args = parser.parse_args()
-    rows: dict[str, list[dict[str, Any]]] = {"uninterrupted": [], "crash": [], "hang": [],
-                                             "stop": []}
+    cases = {"crash": crash, "hang": hang, "stop": stop}
+    rows: dict[str, list[dict[str, Any]]] = {"uninterrupted": [],
+                                             **{fault: [] for fault in args.faults}}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
             rows["uninterrupted"].append(uninterrupted(Path(tmp)))
-            rows["crash"].append(crash(Path(tmp), args.at_step))
-            rows["hang"].append(hang(Path(tmp), args.at_step))
-            rows["stop"].append(stop(Path(tmp), args.at_step))
+            for fault in args.faults:
+                rows[fault].append(cases[fault](Path(tmp), args.at_step))
     base = statistics.median(r["wall_s"] for r in rows["uninterrupted"])
     base_cpu = statistics.median(r["cpu_s"] for r in rows["uninterrupted"])
     for kind, runs in rows.items():

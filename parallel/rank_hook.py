@@ -75,7 +75,7 @@ def install() -> None:
         sys.meta_path.insert(0, _FrameworkFinder(set(contract.FRAMEWORKS) - {warm}))
         if warm is not None:
             events.emit(contract.EVENT_FRAMEWORK, name=warm, kept=True, warm=True)
-    _started_as[:] = [dict(os.environ), list(sys.path)]
+    _started_as[:] = [dict(os.environ), list(sys.path), {n.partition(".")[0] for n in sys.modules}]
 
 
 def _hooks() -> dict[str, Callable[[Any], None]]:
@@ -126,18 +126,36 @@ def _dep_paths_at_first_compile(api: Any) -> None:
 
 
 _started_as: list[Any] = []
-"""The environment and ``sys.path`` as the hook left them: a script that changes the environment
-or where the framework is found before it imports it tells the launcher a spare would not run it
-the same (``kept``)."""
+"""The environment, ``sys.path`` and the top-level modules as the hook left them: a script that
+changes the environment or where the framework is found, or loads another package's compiled
+library, before it imports the framework tells the launcher a spare would not run it the same
+(``kept``)."""
+_SAME_EITHER_WAY = frozenset({"numpy", "parallel"})
+"""Packages a script may load before the framework: MindSpore loads numpy first itself, and
+``parallel`` is npu-launch's own."""
+
+
+def _native_first(loaded: set[str]) -> bool:
+    """Whether the script loaded a compiled extension of a package of its own or a third party
+    before the framework: native libraries load in another order in a spare (on Arm servers,
+    "cannot allocate memory in static TLS block" is fixed by such an order)."""
+    skip = loaded | _SAME_EITHER_WAY | set(getattr(sys, "stdlib_module_names", ()))
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] not in skip \
+                and str(getattr(module, "__file__", None) or "").endswith(suffixes):
+            return True
+    return False
 
 
 def _kept(framework: str) -> bool:
-    """Whether the environment is as the hook left it, and ``framework`` is found where it was
-    then (a script may add its own folders to ``sys.path``, not another framework's)."""
+    """Whether the environment is as the hook left it, no other package's compiled library was
+    loaded since, and ``framework`` is found where it was then (a script may add its own folders
+    to ``sys.path``, not another framework's)."""
     if not _started_as:
         return False
-    env, path = _started_as
-    if dict(os.environ) != env:
+    env, path, loaded = _started_as
+    if dict(os.environ) != env or _native_first(loaded):
         return False
     now = importlib.machinery.PathFinder.find_spec(framework, sys.path)
     then = importlib.machinery.PathFinder.find_spec(framework, path)

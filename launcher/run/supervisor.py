@@ -100,10 +100,10 @@ class LocalRanks:
         self._looks: Optional[hookless.Looks] = None
         """When to look for ranks without the hook: until the scheduler starts."""
         self._hookless: set[int] = set()
+        """Ranks found running MindSpore without the rank hook: they cannot be timed."""
         self._warm: set[int] = set()
         """Ranks that are warm spares: the hook is theirs by making, and a spare still importing
         MindSpore when it was taken maps its library before it says so."""
-        """Ranks found running MindSpore without the rank hook: they cannot be timed."""
 
     def group(self) -> ProcessGroup:
         """The process group these ranks run in."""

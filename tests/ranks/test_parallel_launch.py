@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import REPO, assert_no_job_processes, run_launcher
+from helpers import REPO, assert_no_job_processes, job_pids, start_job, wait_for
+
+from parallel import contract
 
 SCRIPTS = REPO / "scripts"
 DIGITS = 1797
@@ -35,11 +38,21 @@ def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp):
     parameters in ``multinode/test_launch_ssh.py``."""
     cards = 2
     job, out = f"parallel-dp-{cards}", weird_tmp / "results"
-    result = run_launcher("--device", "cpu", "--cards", str(cards), "--job-id", job,
-                          "--log-dir", str(weird_tmp / "logs"), "--console", "none",
-                          str(SCRIPTS / "dp_mindrecord.py"), str(digits), "--out", str(out),
-                          "--epochs", "1", "--batch", str(BATCH), cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # With a restart allowed, the next attempt's spares stand by once the ranks trained a step
+    # (``launcher.run.spares``); the job succeeds without them, and they end with it.
+    proc = start_job(weird_tmp / "logs", job, str(SCRIPTS / "dp_mindrecord.py"), str(digits),
+                     "--out", str(out), "--epochs", "1", "--batch", str(BATCH), cards=cards,
+                     options=("--console", "none", "--max-restarts", "1"))
+    seen: list[int] = []
+
+    def standing() -> bool:
+        seen[:] = _spares_of(job)
+        return len(seen) == cards + 1 or proc.poll() is not None
+
+    wait_for(standing, "a spare per rank and the scheduler, or the job's end")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert len(seen) == cards + 1, f"a spare per rank and the scheduler while the job ran: {seen}"
     ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(cards)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(rank, cards) for rank in range(cards)]
     assert {r["steps_per_epoch"] for r in ranks} == {DIGITS // cards // BATCH}
@@ -49,6 +62,18 @@ def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp):
     assert ranks[0]["parameters"] != ranks[0]["initial_parameters"]
     _assert_exiting_said_before_mindsporess_exit_handler(weird_tmp / "logs", cards)
     assert_no_job_processes(job)
+
+
+def _spares_of(job: str) -> list[int]:
+    """The warm spares of ``job`` standing by now (their environment names the framework)."""
+    spares = []
+    for pid in job_pids(job):
+        try:
+            if contract.SPARE in psutil.Process(pid).environ():
+                spares.append(pid)
+        except psutil.Error:
+            pass
+    return spares
 
 
 def _assert_exiting_said_before_mindsporess_exit_handler(logs: Path, cards: int) -> None:

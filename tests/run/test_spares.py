@@ -151,7 +151,9 @@ def test_a_go_the_pipe_cannot_take_at_once_starts_the_process_anew(tmp_path: Pat
 
 KEPT_CASES = {
     "plain": "import mindspore\n",
-    "own folder first": "import sys\nsys.path.insert(0, {lib!r})\nimport mindspore\n",
+    "own folder and module first": "import sys\nsys.path.insert(0, {lib!r})\nimport helper\n"
+                                   "import numpy\nimport mindspore\n",
+    "a compiled library first": "import psutil\nimport mindspore\n",
     "an environment variable": "import os\nos.environ['GLOG_v'] = '3'\nimport mindspore\n",
     "another mindspore first": "import sys\nsys.path.insert(0, {shadow!r})\nimport mindspore\n",
 }
@@ -159,8 +161,10 @@ KEPT_CASES = {
 
 def test_the_hook_says_whether_a_spare_would_import_what_the_script_imports(tmp_path: Path) -> None:
     """``kept`` in the ``framework`` event: false once the script changed the environment or
-    where MindSpore is found before importing it (a spare imported it already)."""
+    where MindSpore is found, or loaded another package's compiled library, before importing it
+    (a spare imported it already)."""
     (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper.py").write_text("import json\n")
     (tmp_path / "shadow" / "mindspore").mkdir(parents=True)
     (tmp_path / "shadow" / "mindspore" / "__init__.py").write_text("")
     running = {}
@@ -176,7 +180,8 @@ def test_the_hook_says_whether_a_spare_would_import_what_the_script_imports(tmp_
         assert proc.wait(timeout=120) == 0, name
         events = [json.loads(line) for line in (case / "events.jsonl").read_text().splitlines()]
         kept[name] = next(e["kept"] for e in events if e["event"] == "framework")
-    assert kept == {"plain": True, "own folder first": True, "an environment variable": False,
+    assert kept == {"plain": True, "own folder and module first": True,
+                    "a compiled library first": False, "an environment variable": False,
                     "another mindspore first": False}
 
 
