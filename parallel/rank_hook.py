@@ -104,9 +104,9 @@ def _stand_by() -> str:
 def _dep_paths_at_first_compile(api: Any) -> None:
     """MindSpore's compile cache keys the graphs on the script's own files: those not under
     ``sys.path`` as it was when ``mindspore`` was imported (``graph.api.sys_path``, the script's
-    folder left out). A spare imported it before the script ran, so that list is taken again
-    at the first compile, once the script set up its ``sys.path``; else every warm restart
-    would compile anew."""
+    folder left out) and on the entry script's path. A spare imported it before the script ran,
+    so both are taken again at the first compile, once the script set up its ``sys.path``; else
+    every warm restart would compile anew."""
     real = getattr(api, "_get_compile_cache_dep_files", None)
     paths = getattr(api, "sys_path", None)
     if real is None or not isinstance(paths, list):
@@ -115,9 +115,13 @@ def _dep_paths_at_first_compile(api: Any) -> None:
     def dep_files() -> Any:
         if api._get_compile_cache_dep_files is dep_files:
             api._get_compile_cache_dep_files = real
-            script_dir = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] \
-                else None
+            # As ``graph.api`` takes them at its import: for ``python -m``, ``sys.argv[0]`` is
+            # only the module's path once Python found it, after a spare's import.
+            script = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
+            if hasattr(api, "entry_script_path"):
+                api.entry_script_path = script
             now = list(sys.path)
+            script_dir = os.path.dirname(script) if script else None
             if script_dir in now:
                 now.remove(script_dir)
             paths[:] = now
