@@ -10,6 +10,8 @@ def entry() -> None:
     as Ctrl-C later does before anything started, exit 130, not with a Python traceback."""
     try:
         from launcher.cli.main import main
+        from launcher.run.strays import become_subreaper
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    become_subreaper()
     main()

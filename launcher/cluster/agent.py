@@ -48,6 +48,7 @@ from launcher.run.events import prepare_dirs
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.output import Console
 from launcher.run.process import ProcessGroup
+from launcher.run.strays import become_subreaper
 from launcher.run.supervisor import LocalRanks
 from launcher.run.watch import Watch
 from parallel import contract
@@ -106,6 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="which agents take stdin as node 0's control channel (mpirun feeds "
                         "only the first)")
     args = parser.parse_args(argv)
+    become_subreaper()  # what its ranks leave is its to end (``launcher.run.strays``)
     Console(sys.stdout.buffer).write_line(b"", control.agent_up_line())
     try:
         body = json.loads(_payload(args.plan))

@@ -22,7 +22,7 @@ from launcher.plan.launch_plan import ProcessSpec
 from launcher.run.output import LineSink, Pump
 from launcher.run.spares import Spare, process_env
 from launcher.run.stdin_feed import StdinFeed
-from launcher.run.strays import Guardian, kill_job_strays
+from launcher.run.strays import Guardian, kill_job_strays, kill_orphans
 from parallel import contract
 
 _POLL_INTERVAL = 0.02
@@ -57,6 +57,12 @@ class ProcessGroup:
         self.pids: dict[str, int] = {}
         self._closed = False
         self._guardian: Optional[Guardian] = None
+        self._started: set[int] = set()
+        """Every process this group started or adopted: the rest of a subreaper's children
+        that began after ``_since`` are what its ranks left (``strays.kill_orphans``)."""
+        self._since: Optional[float] = None
+        """When the kernel started this group's first process, on the clock of ``/proc``
+        (psutil's ``create_time``; it can differ from ``time.time()`` by a minute on a VM)."""
 
     def start(self, spec: ProcessSpec, on_line: Optional[LineSink],
               stdin_data: Optional[bytes] = None) -> int:
@@ -91,6 +97,7 @@ class ProcessGroup:
         self._running[spec.label] = (spec, proc)
         self._pumps[spec.label] = pump
         self.pids[spec.label] = proc.pid
+        self._began(proc.pid)
         return proc.pid
 
     def start_foreground(self, spec: ProcessSpec) -> int:
@@ -100,6 +107,7 @@ class ProcessGroup:
         proc = subprocess.Popen(list(spec.command), env=env, cwd=self._workdir)
         self._running[spec.label] = (spec, proc)
         self.pids[spec.label] = proc.pid
+        self._began(proc.pid)
         return proc.pid
 
     def _guard(self, env: Mapping[str, str]) -> None:
@@ -123,7 +131,16 @@ class ProcessGroup:
         self._running[spec.label] = (spec, spare.proc)
         self._pumps[spec.label] = pump
         self.pids[spec.label] = spare.proc.pid
+        self._began(spare.proc.pid)
         return spare.proc.pid
+
+    def _began(self, pid: int) -> None:
+        self._started.add(pid)
+        if self._since is None:
+            try:
+                self._since = psutil.Process(pid).create_time()
+            except psutil.Error:  # gone already: anything after it still counts
+                self._since = 0.0
 
     def _env(self, spec: ProcessSpec) -> dict[str, str]:
         return process_env(self._base_env, spec)
@@ -168,7 +185,9 @@ class ProcessGroup:
         ended += self._wait_until(time.monotonic() + 5.0)
         if self._node_rank is not None and self._token:
             # Gone, not only signalled: a stray dying as the launcher exits is still running.
-            psutil.wait_procs(kill_job_strays(self._token, self._node_rank), timeout=5.0)
+            # The orphans are this process's children: the wait reaps them.
+            psutil.wait_procs(kill_job_strays(self._token, self._node_rank)
+                              + kill_orphans(self._started, self._since or 0.0), timeout=5.0)
         if self._guardian is not None:
             self._guardian.dismiss()
         for pump in self._pumps.values():

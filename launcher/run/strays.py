@@ -34,6 +34,55 @@ _SWEEPS = 3
 _SWEEP_GAP = 0.2
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+_reaping = False
+
+
+def become_subreaper() -> None:
+    """Make this process (the ``npu-launch`` command, a node agent) the one that takes the
+    orphans of whatever it starts: a process a rank started and left behind, which the kernel
+    would give to init. A rank's child in a session of its own and with its environment cleared
+    (a daemon) carries no token; this is how the teardown still finds it (``kill_orphans``).
+    Linux only; elsewhere nothing changes."""
+    global _reaping
+    import ctypes
+
+    try:
+        _reaping = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _reaping = False
+
+
+def kill_orphans(started: "set[int]", since: float) -> "list[psutil.Process]":
+    """SIGKILL this subreaper's children that it did not start itself (``started``: its group's
+    processes) and that began after ``since`` (the group's first start): what the ranks left.
+    Not a spare of the next attempt (``launcher.run.spares``) nor a guardian, which this
+    process started too. Nothing unless ``become_subreaper`` took effect."""
+    if not _reaping:
+        return []
+    import psutil
+
+    from parallel import contract
+
+    killed = []
+    for child in psutil.Process().children():
+        if child.pid in started:
+            continue
+        try:
+            if child.create_time() < since:
+                continue
+            env = child.environ()
+            if contract.SPARE in env or GUARDIAN_OF in env:
+                continue
+            child.kill()
+            killed.append(child)
+        except psutil.ZombieProcess:
+            killed.append(child)  # ended on its own: reaped with the others
+        except psutil.Error:
+            continue
+    return killed
+
+
 def kill_job_strays(token: str, node_rank: int) -> "list[psutil.Process]":
     """SIGKILL every process whose environment carries this launch's ``token`` and node rank;
     the ones signalled.

@@ -22,6 +22,7 @@ import psutil
 import pytest
 from helpers import (
     RANK_SCRIPTS,
+    TESTS,
     alive,
     assert_no_job_processes,
     checksums,
@@ -259,3 +260,22 @@ def test_a_stopped_rank_is_woken_to_take_its_sigterm(weird_tmp: Path) -> None:
     assert [(r["rank"], r["exit_code"]) for r in summary["ranks"]] == [
         (0, -signal.SIGTERM), (1, 1)], summary["ranks"]
     assert_no_job_processes("frozen")
+
+
+@pytest.mark.parametrize("code", [0, 3], ids=["the job succeeds", "rank 1 fails"])
+def test_a_daemon_a_rank_left_without_the_token_ends_with_the_job(weird_tmp: Path, code) -> None:
+    """A rank's child in a session of its own, with its environment cleared, is out of reach of
+    the process groups and the token sweep. npu-launch is the subreaper of what it starts
+    (``strays.become_subreaper``): the daemon comes back to it when its rank exits, and the
+    teardown ends it, however the job ends."""
+    pids = weird_tmp / "pids"
+    pids.mkdir()
+    job = f"daemons-{code}"
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", job, "--log-dir",
+                          str(weird_tmp / "logs"), str(TESTS / "plain_scripts" / "daemon_leaver.py"),
+                          str(pids), "--exit-code", str(code), timeout=120)
+    assert result.returncode == code, result.stderr[-2000:]
+    daemons = [int((pids / f"daemon_{rank}").read_text()) for rank in (0, 1)]
+    left = [pid for pid in daemons if alive(pid)]
+    assert not left, f"daemons left running: {left}"
+    assert_no_job_processes(job)
