@@ -44,9 +44,11 @@ ATTEMPT_KEYS = frozenset({contract.RESTART, contract.TORCHELASTIC_RESTART_COUNT,
 
 def process_env(base_env: Mapping[str, str], spec: ProcessSpec) -> dict[str, str]:
     """``spec``'s environment: this launcher as its parent, and no rank's pid inherited (a
-    launcher started inside a rank would otherwise leave its own ranks unhooked)."""
+    launcher started inside a rank would otherwise leave its own ranks unhooked), nor a spare's
+    mark (every rank would wait for a go that never comes, and end 0 without running)."""
     env = {**base_env, **spec.env, contract.PARENT_PID: str(os.getpid())}
     env.pop(contract.RANK_PID, None)
+    env.pop(contract.SPARE, None)
     return env
 
 

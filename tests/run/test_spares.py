@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, wait_for
+from helpers import REPO, assert_no_job_processes, run_launcher, wait_for
 
 from launcher.plan.launch_plan import ProcessSpec, Role
 from launcher.run.process import ProcessGroup
@@ -147,6 +147,21 @@ def test_a_go_the_pipe_cannot_take_at_once_starts_the_process_anew(tmp_path: Pat
     finally:
         group.close(1.0)
         spares.close()
+
+
+def test_a_spares_mark_in_the_launchers_environment_reaches_no_rank(tmp_path: Path) -> None:
+    """``NPU_LAUNCH_SPARE`` left in the environment npu-launch runs in would make every rank a
+    spare waiting on an empty stdin: the job would end 0 without running the script."""
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('ran', os.environ.get('NPU_LAUNCH_SPARE'))\n")
+    result = run_launcher("--device", "cpu", "--cards", "2", "--job-id", "spare-mark",
+                          "--log-dir", str(tmp_path / "logs"), str(script),
+                          env={**os.environ, contract.SPARE: "json"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"rank_{rank}.log").read_text()
+        assert "ran None" in log, log[-2000:]
+    assert_no_job_processes("spare-mark")
 
 
 KEPT_CASES = {
