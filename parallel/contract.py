@@ -21,9 +21,7 @@ Going in (launcher -> rank):
 * npu-launch's own: the ``NPU_LAUNCH_*`` names below.
 
 Coming back (rank -> launcher): one JSON-lines events file and one JSON error report per rank,
-written by ``parallel.rank_hook`` (installed through ``sitecustomize``, so the user decorates
-nothing).
-"""
+written by ``parallel.rank_hook`` (through ``sitecustomize``: the user decorates nothing)."""
 from __future__ import annotations
 
 import dataclasses
@@ -123,8 +121,7 @@ PROGRESS = "NPU_LAUNCH_PROGRESS"
 """``1``: hang detection is on (``--hang-timeout`` > 0): the rank hook counts progress."""
 RESTART = "NPU_LAUNCH_RESTART"
 """How many times the job was restarted before this attempt (0 the first time)."""
-SPARE = "NPU_LAUNCH_SPARE"
-"""Set only in a warm spare (``parallel.spare``): the framework it imports before it waits."""
+SPARE = "NPU_LAUNCH_SPARE"  # in a warm spare only (parallel.spare): the framework it imports
 PLANNED_WORLD = "NPU_LAUNCH_PLANNED_WORLD_SIZE"
 """Set when the job goes on with fewer ranks than it was planned with (``--min-nodes`` left a
 host out): the planned world size. ``parallel.data.sharded_dataset`` keeps the planned global
@@ -170,10 +167,8 @@ EVENT_STARTED = "started"
 ``process_start`` (when the kernel started the process, seconds since the epoch)."""
 EVENT_FRAMEWORK = "framework"
 """Sent once per framework by the rank hook as the rank begins importing it: ``name`` (one of
-``FRAMEWORKS``), ``kept`` (the script had changed neither the environment nor ``sys.path``: a
-spare that imported it already would run the same). A ``mindspore`` one from a rank of the
-scheduler's host starts MindSpore's scheduler (``launcher.run.supervisor``): a job whose ranks
-never import MindSpore runs none. A spare sends it with ``warm: true`` when it becomes a rank."""
+``FRAMEWORKS``), ``kept`` (``parallel.spare.kept``), ``warm`` (a spare became the rank). A
+``mindspore`` one from the scheduler's host starts the scheduler (``launcher.run.supervisor``)."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
 """Sent once by a rank, by the rank hook, when MindSpore's communication ``init()`` returns;

@@ -34,18 +34,16 @@ import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import traceback
-from types import ModuleType, TracebackType
-from typing import Any, Callable, Optional, Sequence, Type
+from types import ModuleType
+from typing import Any, Callable, Optional, Sequence
 
-from parallel import contract, ending, events, progress
+from parallel import contract, ending, error_report, events, progress, spare
 
 _PR_SET_PDEATHSIG = 1
 
@@ -61,8 +59,9 @@ def install() -> None:
     if contract.PARENT_PID in os.environ:
         _die_with_parent(int(os.environ[contract.PARENT_PID]))
     if contract.ERROR_FILE in os.environ:
-        sys.excepthook = _reporting_excepthook(sys.excepthook, os.environ[contract.ERROR_FILE])
-        atexit.register(report_uncaught)
+        sys.excepthook = error_report.reporting_excepthook(sys.excepthook,
+                                                            os.environ[contract.ERROR_FILE])
+        atexit.register(error_report.report_uncaught)
         ending.install(contract.EVENTS_FILE in os.environ)
     if contract.STACK_FILE in os.environ:
         _dump_stack_on_request(os.environ[contract.STACK_FILE])
@@ -75,7 +74,7 @@ def install() -> None:
         sys.meta_path.insert(0, _FrameworkFinder(set(contract.FRAMEWORKS) - {warm}))
         if warm is not None:
             events.emit(contract.EVENT_FRAMEWORK, name=warm, kept=True, warm=True)
-    _started_as[:] = [dict(os.environ), list(sys.path), {n.partition(".")[0] for n in sys.modules}]
+    spare.note_start()
 
 
 def _hooks() -> dict[str, Callable[[Any], None]]:
@@ -92,78 +91,11 @@ def _stand_by() -> str:
     if contract.PARENT_PID in os.environ:
         _die_with_parent(int(os.environ[contract.PARENT_PID]))
     sys.meta_path.insert(0, _PatchingFinder(_hooks()))
-    from parallel import spare
-
     spare.wait(framework)
     api = sys.modules.get("mindspore.graph.api")
     if api is not None:
-        _dep_paths_at_first_compile(api)
+        spare.compile_key_at_first_compile(api)
     return framework
-
-
-def _dep_paths_at_first_compile(api: Any) -> None:
-    """MindSpore's compile cache keys the graphs on the script's own files: those not under
-    ``sys.path`` as it was when ``mindspore`` was imported (``graph.api.sys_path``, the script's
-    folder left out) and on the entry script's path. A spare imported it before the script ran,
-    so both are taken again at the first compile, once the script set up its ``sys.path``; else
-    every warm restart would compile anew."""
-    real = getattr(api, "_get_compile_cache_dep_files", None)
-    paths = getattr(api, "sys_path", None)
-    if real is None or not isinstance(paths, list):
-        return
-
-    def dep_files() -> Any:
-        if api._get_compile_cache_dep_files is dep_files:
-            api._get_compile_cache_dep_files = real
-            # As ``graph.api`` takes them at its import: for ``python -m``, ``sys.argv[0]`` is
-            # only the module's path once Python found it, after a spare's import.
-            script = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
-            if hasattr(api, "entry_script_path"):
-                api.entry_script_path = script
-            now = list(sys.path)
-            script_dir = os.path.dirname(script) if script else None
-            if script_dir in now:
-                now.remove(script_dir)
-            paths[:] = now
-        return real()
-    api._get_compile_cache_dep_files = dep_files
-
-
-_started_as: list[Any] = []
-"""The environment, ``sys.path`` and the top-level modules as the hook left them: a script that
-changes the environment or where the framework is found, or loads another package's compiled
-library, before it imports the framework tells the launcher a spare would not run it the same
-(``kept``)."""
-_SAME_EITHER_WAY = frozenset({"numpy", "parallel"})
-"""Packages a script may load before the framework: MindSpore loads numpy first itself, and
-``parallel`` is npu-launch's own."""
-
-
-def _native_first(loaded: set[str]) -> bool:
-    """Whether the script loaded a compiled extension of a package of its own or a third party
-    before the framework: native libraries load in another order in a spare (on Arm servers,
-    "cannot allocate memory in static TLS block" is fixed by such an order)."""
-    skip = loaded | _SAME_EITHER_WAY | set(getattr(sys, "stdlib_module_names", ()))
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for name, module in list(sys.modules.items()):
-        if name.partition(".")[0] not in skip \
-                and str(getattr(module, "__file__", None) or "").endswith(suffixes):
-            return True
-    return False
-
-
-def _kept(framework: str) -> bool:
-    """Whether the environment is as the hook left it, no other package's compiled library was
-    loaded since, and ``framework`` is found where it was then (a script may add its own folders
-    to ``sys.path``, not another framework's)."""
-    if not _started_as:
-        return False
-    env, path, loaded = _started_as
-    if dict(os.environ) != env or _native_first(loaded):
-        return False
-    now = importlib.machinery.PathFinder.find_spec(framework, sys.path)
-    then = importlib.machinery.PathFinder.find_spec(framework, path)
-    return now is not None and then is not None and now.origin == then.origin
 
 
 def process_start() -> Optional[float]:
@@ -211,35 +143,6 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], Any]
-
-
-def _reporting_excepthook(previous: ExceptHook, path: str) -> ExceptHook:
-    def hook(exc_type: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
-        # Print first: the launcher stops the job as soon as the report exists, and the
-        # traceback should be in the log by then.
-        try:
-            previous(exc_type, exc, tb)
-        finally:
-            sys.stderr.flush()
-            write_error_report(path, exc_type, exc, tb)
-    return hook
-
-
-def report_uncaught() -> None:
-    """At exit: the error report of an exception that escaped the script, if the excepthook did
-    not write it (something replaced ``sys.excepthook`` after the hook was installed; Python
-    keeps the exception in ``sys.last_value`` before it calls the hook)."""
-    path = os.environ.get(contract.ERROR_FILE)
-    exc = getattr(sys, "last_value", None)
-    if not path or exc is None or os.path.exists(path):
-        return
-    try:
-        write_error_report(path, type(exc), exc, exc.__traceback__)
-    except OSError:
-        pass
-
-
 def _keeping_excepthook(real: Callable[..., Any]) -> Callable[..., Any]:
     """``real`` (MindSpore's graph compilation), with ``sys.excepthook`` as it was before: on
     CPU, compiling a first graph puts back Python's default hook, and with it goes the rank's
@@ -252,28 +155,6 @@ def _keeping_excepthook(real: Callable[..., Any]) -> Callable[..., Any]:
             if sys.excepthook is sys.__excepthook__ and before is not sys.__excepthook__:
                 sys.excepthook = before
     return functools.update_wrapper(compile, real)
-
-
-def write_error_report(path: str, exc_type: Type[BaseException], exc: BaseException,
-                       tb: Optional[TracebackType]) -> None:
-    """Write the report atomically, so the launcher never reads half of one (not from a process
-    the rank forked: its exception is not the rank's)."""
-    if not events.in_the_rank():
-        return
-    identity = contract.RankIdentity.from_environ(os.environ)
-    report = {
-        "rank": identity.rank,
-        "host": os.environ.get(contract.HOST) or socket.gethostname(),
-        "pid": os.getpid(),
-        "exception": exc_type.__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
-        "timestamp": time.time(),
-    }
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f)
-    os.replace(tmp, path)
 
 
 class _PatchingFinder(importlib.abc.MetaPathFinder):
@@ -311,7 +192,7 @@ class _FrameworkFinder(importlib.abc.MetaPathFinder):
         self._names.discard(fullname)
         if not self._names:
             sys.meta_path.remove(self)
-        kept = _kept(fullname)
+        kept = spare.kept(fullname)
         if fullname == "torch":
             _one_thread_per_rank(os.environ)
         events.emit(contract.EVENT_FRAMEWORK, name=fullname, kept=kept)
@@ -452,7 +333,7 @@ def _reporting_init(real_init: Callable[..., Any], exec_mode: bool = True) -> Ca
             wait_for_scheduler(os.environ)
         result = real_init(*args, **kwargs)
         if contract.ERROR_FILE in os.environ:
-            atexit.register(report_uncaught)  # again: before MindSpore's own exit handlers
+            atexit.register(error_report.report_uncaught)  # again: before MindSpore's own exit handlers
         ending.again_after_init()
         events.emit(contract.EVENT_INITIALISED, **({"exec_mode": _exec_mode()} if exec_mode else {}))
         return result
@@ -466,14 +347,18 @@ def _exec_mode() -> str:
     return "graph" if mindspore.get_context("mode") == mindspore.GRAPH_MODE else "pynative"
 
 
+_FAST_POLL_S = 5.0
+
+
 def wait_for_scheduler(environ: "os._Environ[str] | dict[str, str]") -> None:
     """Block until the scheduler accepts TCP connections (the launcher bounds the wait)."""
     if environ.get(contract.WAIT_FOR_SCHEDULER) != "1":
         return
     address = (environ[contract.MS_SCHED_HOST], int(environ[contract.MS_SCHED_PORT]))
+    since = time.monotonic()
     while True:
         try:
             socket.create_connection(address, timeout=1.0).close()
             return
-        except OSError:
-            time.sleep(0.001)
+        except OSError:  # every 1 ms while a scheduler is due (BENCHMARKS.md, stop 38), then 20
+            time.sleep(0.001 if time.monotonic() - since < _FAST_POLL_S else 0.02)

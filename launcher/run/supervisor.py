@@ -330,7 +330,8 @@ class LocalRanks:
                 if event.kind == contract.EVENT_FRAMEWORK and event.name == "mindspore" \
                         and not self._warm_scheduler:
                     self._start_scheduler()
-                elif self._warm_scheduler and all(r.calling_init for r in self._records.values()):
+                elif self._warm_scheduler and self._scheduler is not None \
+                        and all(r.calling_init for r in self._records.values()):
                     self._start_scheduler()  # see ``_warm_scheduler``
 
     def _fold(self, event: Event) -> None:
