@@ -88,8 +88,9 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
                    err: TextIO) -> JobResult:
     monitor = _monitor(job, out, err)
     command = (config.script, *config.script_args)
-    limits = Limits(config.hang_timeout, config.hang_grace, Learnt.load(_own_log_dir(job), command))
-    hangs = HangCheck(monitor.rank_states, limits) if limits.on else None
+    limits = Limits(config.hang_timeout, config.hang_grace, Learnt.load(_own_log_dir(job), command),
+                    floor=config.hang_floor)
+    hangs = HangCheck(monitor.rank_states, limits, on_busy=monitor.busy_alone) if limits.on else None
     ledger = CheckpointLedger(_own_log_dir(job), job.plan.world_size, job.plan.replicated,
                               job.plan.collect_ranks, monitor.on_collected,
                               agents=job.backend is not None)

@@ -216,7 +216,9 @@ EVENT_PROGRESS = "progress"
 and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
 ``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far); ``section``
 (``save`` or ``eval`` while the main thread is inside a checkpoint save or an evaluation, else
-"") and ``sections`` (saves and evaluations completed so far): judged by a limit of their own."""
+"") and ``sections`` (saves and evaluations completed so far): judged by a limit of their own;
+``trained`` (top-level calls of a Cell in training mode completed: training steps, which end the
+compile grace) and ``compiling`` (the main thread is inside MindSpore's graph compilation)."""
 SECTION_SAVE = "save"
 SECTION_EVAL = "eval"
 EVENT_STACK = "stack"
@@ -224,6 +226,12 @@ EVENT_STACK = "stack"
 (``launcher.hangs.stalls``): ``frames`` (the main thread, most recent call first), ``text`` (every
 thread, as faulthandler wrote it) and ``native`` (py-spy's native stacks, when it is installed;
 they may follow in a second event with no frames)."""
+EVENT_ALIVE = "alive"
+"""Not sent by the rank: its supervisor's reading that a rank without progress is not frozen
+(``launcher.hangs.liveness``): ``how`` (what moved: ``cpu``, ``io``, ``children``, comma
+separated), ``bytes_written`` and ``bytes_read`` (by the rank and its child processes since the
+supervisor's previous reading). Sent at most once a second per rank, and only for a rank that
+made no progress for a second and is outside a framework call."""
 EVENT_EXITED = "exited"
 """Not sent by the rank: its supervisor's record that the rank's process ended (``returncode``),
 under the same name on the wire from a node agent and in metrics.jsonl."""
@@ -283,6 +291,11 @@ class Event:
     name: Optional[str] = None
     section: Optional[str] = None
     sections: Optional[int] = None
+    trained: Optional[int] = None
+    compiling: Optional[bool] = None
+    how: Optional[str] = None
+    bytes_written: Optional[int] = None
+    bytes_read: Optional[int] = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -307,7 +320,8 @@ _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "sam
            "loss": _real, "final_loss": _real, "accuracy": _real, "samples_per_s": _real,
            "returncode": _whole, "exec_mode": _text, "path": _text, "main_thread": _text,
            "count": _whole, "busy": _flag, "loads": _whole, "name": _text, "section": _text,
-           "sections": _whole}
+           "sections": _whole, "trained": _whole, "compiling": _flag, "how": _text,
+           "bytes_written": _whole, "bytes_read": _whole}
 """How each typed field of ``Event`` is read from a record."""
 
 # What the launcher writes into the job's log directory for ``npu-launch report`` to read.
@@ -315,6 +329,9 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
+EVENT_BUSY_ALONE = "busy-alone"
+"""Written by the monitor as a rank's spell busy alone ends (``launcher.hangs.stalls.Busy``):
+``seconds``, ``doing``, ``bytes_written``; summary.json's ``busy_alone`` keeps each rank's longest."""
 EVENT_ATTEMPT = "attempt"
 """Written by the monitor as each attempt of the job ends (``launcher.run.restarts.AttemptRecord``):
 ``attempt``, ``started_at``, ``ended_at``, ``duration_s``, ``outcome``, ``exit_code``, ``cause``,

@@ -55,6 +55,11 @@ class _Counters:
         self.loads = 0
         self.section = ""
         self.sections = 0
+        self.trained = 0
+        """Top-level calls of a Cell (or Module) in training mode that completed: training steps,
+        told from a toolkit's warm-up collectives and evaluation cells, which end no grace."""
+        self.compiling = 0
+        """The main thread is inside MindSpore's graph compilation (depth of nested compiles)."""
         self.reporter: "threading.Thread | None" = None
 
 
@@ -82,6 +87,8 @@ def counting_call(real: Callable[..., Any]) -> Callable[..., Any]:
             raise
         state.depth = 0
         state.calls += 1
+        if getattr(args[0] if args else None, "training", False) is True:
+            state.trained += 1
         if state.calls == 1:
             events.emit(contract.EVENT_FIRST_STEP)
         return result
@@ -136,11 +143,33 @@ def in_section(kind: str, real: Callable[..., Any]) -> Callable[..., Any]:
     return functools.update_wrapper(section, real)
 
 
-def snapshot(state: Optional[_Counters] = None) -> tuple[int, bool, int, str, int]:
-    """(count, busy, loads, section, sections) now."""
+def compiling(real: Callable[..., Any]) -> Callable[..., Any]:
+    """MindSpore's graph compilation (``_CellGraphExecutor.compile``, ``_JitExecutor.compile``):
+    while the main thread is inside, the launcher allows the compile grace, whenever in the run
+    it comes (an evaluation network's first call, a new input shape, a recompilation)."""
+    state = _state
+    get_ident = threading.get_ident
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        if get_ident() != state.main:
+            return real(*args, **kwargs)
+        state.compiling += 1
+        _ensure_reporter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            state.compiling -= 1
+    return functools.update_wrapper(compile, real)
+
+
+Snapshot = tuple[int, bool, int, str, int, int, bool]
+
+
+def snapshot(state: Optional[_Counters] = None) -> Snapshot:
+    """(count, busy, loads, section, sections, trained, compiling) now."""
     state = state or _state
     return (state.calls + state.batches, state.depth > 0 or state.raised, state.loads,
-            state.section, state.sections)
+            state.section, state.sections, state.trained, state.compiling > 0)
 
 
 def _ensure_reporter() -> None:
@@ -156,8 +185,9 @@ def _report(state: _Counters) -> None:
     while True:
         now = snapshot(state)
         if now != sent:
-            count, busy, loads, section, sections = now
+            count, busy, loads, section, sections, trained, compiling_now = now
             events.emit(contract.EVENT_PROGRESS, count=count, busy=busy, loads=loads,
-                        section=section, sections=sections)
+                        section=section, sections=sections, trained=trained,
+                        compiling=compiling_now)
             sent = now
         wake.wait(INTERVAL)

@@ -84,11 +84,15 @@ def cli() -> None:
               "never).")
 @click.option("--hang-timeout", type=float,
               help="Stop the job when ranks make no progress for this long, naming the rank "
-              "that hangs (0: never) [default: learnt from the job: 5 x the longest quiet "
-              "interval between steps, at least 10 s; 600 until 2 were seen].")
+              "that hangs (0: never) [default: learnt from the job: a rank is hung once it is "
+              "frozen, with no progress, CPU, I/O or child process, for 5 x the longest interval "
+              "between steps, at least --hang-floor, while the others wait; 600 until one "
+              "interval was seen].")
 @click.option("--hang-grace", type=float, default=1800.0, show_default=True,
-              help="The same, before a rank's first step and after a checkpoint load (graph "
-              "compilation).")
+              help="The same, before a rank's first training step, after a checkpoint load and "
+              "while MindSpore compiles a graph.")
+@click.option("--hang-floor", type=float, default=10.0, show_default=True,
+              help="The least the learnt hang limit is, in seconds.")
 @click.option("--exit-timeout", type=float, default=60.0, show_default=True,
               help="Once every rank's script ended cleanly, stop the ranks still in their exit "
               "handlers after this many seconds, counted as exited 0 (0: wait without a "

@@ -102,6 +102,7 @@ def _launch_config(options: dict[str, Any], section: dict[str, Any]) -> LaunchCo
         server_id=options["server_id"],
         hang_timeout=options["hang_timeout"],
         hang_grace=options["hang_grace"],
+        hang_floor=options["hang_floor"],
         exit_timeout=options["exit_timeout"],
         max_restarts=options["max_restarts"],
         restart_backoff=options["restart_backoff"],

@@ -121,6 +121,8 @@ class LaunchConfig:
     """``--hang-timeout``: None when not given (the limit is learnt from the job,
     ``hang_limits.Limits``); 0 turns hang detection off."""
     hang_grace: float = 1800.0
+    hang_floor: float = 10.0
+    """``--hang-floor``: the least a learnt hang limit is, in seconds."""
     exit_timeout: float = 60.0
     """``--exit-timeout``: how long ranks may stay in their exit handlers once every rank's
     script ended cleanly (0: without a limit)."""
@@ -214,6 +216,7 @@ class LaunchConfig:
                                 ("--startup-timeout", self.startup_timeout),
                                 ("--hang-timeout", self.hang_timeout or 0.0),
                                 ("--hang-grace", self.hang_grace),
+                                ("--hang-floor", self.hang_floor),
                                 ("--exit-timeout", self.exit_timeout),
                                 ("--rank-table-timeout", self.rank_table_timeout or 0.0),
                                 ("--restart-backoff", self.restart_backoff or 0.0),

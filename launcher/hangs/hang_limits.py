@@ -20,12 +20,14 @@ extension uses 5 too)."""
 
 
 LEARN_FLOOR = 10.0
-"""Seconds a learnt limit is at least: a progress event may lag its step by half a second
-(``parallel.progress.INTERVAL``), a busy machine stretches a step twofold."""
+"""Seconds a learnt limit is at least, unless ``--hang-floor`` says otherwise: a progress event
+may lag its step by half a second (``parallel.progress.INTERVAL``), a busy machine stretches a
+step twofold."""
 
 
-LEARN_AFTER = 2
-"""Quiet intervals a rank must have shown before the limit is learnt from them."""
+LEARN_AFTER = 1
+"""Quiet intervals a rank must have shown before the limit is learnt from them: after the first
+training step, the first interval and the floor judge a frozen rank."""
 
 
 LEARNT_FILE = "hang_limits.json"
@@ -94,14 +96,16 @@ class Limits:
     """``--hang-timeout`` (None: not given, learnt from the job; 0 turns detection off) and
     ``--hang-grace``, in seconds, with what the job has shown so far (``learning``).
 
-    Learnt: ``LEARN_FACTOR`` x the longest quiet interval, at least ``LEARN_FLOOR``, once a rank
-    showed ``LEARN_AFTER`` intervals (``DEFAULT_TIMEOUT`` before). A rank in grace gets the
-    grace; a rank inside a section (a save, an evaluation) gets ``LEARN_FACTOR`` x the longest
-    section of that kind seen, at least the step limit, or the grace while none ended yet."""
+    Learnt: ``LEARN_FACTOR`` x the longest quiet interval, at least ``floor`` (``--hang-floor``,
+    ``LEARN_FLOOR``), once a rank showed ``LEARN_AFTER`` intervals (``DEFAULT_TIMEOUT`` before).
+    A rank in grace or inside a graph compilation gets the grace; a rank inside a section (a
+    save, an evaluation) gets ``LEARN_FACTOR`` x the longest section of that kind seen, at least
+    the step limit, or the grace while none ended yet."""
 
     timeout: Optional[float]
     grace: float
     learnt: Learnt = Learnt()
+    floor: float = LEARN_FLOOR
 
     @property
     def on(self) -> bool:
@@ -114,7 +118,7 @@ class Limits:
             return self.timeout
         if self.learnt.intervals < LEARN_AFTER:
             return DEFAULT_TIMEOUT
-        return max(LEARN_FLOOR, LEARN_FACTOR * self.learnt.longest)
+        return max(self.floor, LEARN_FACTOR * self.learnt.longest)
 
     @property
     def why(self) -> str:
@@ -122,16 +126,15 @@ class Limits:
         if self.timeout is not None:
             return f"--hang-timeout {self.timeout:g}"
         if self.learnt.intervals < LEARN_AFTER:
-            return (f"limit {DEFAULT_TIMEOUT:g} s, the default: fewer than {LEARN_AFTER} "
-                    "intervals seen to learn from")
+            return f"limit {DEFAULT_TIMEOUT:g} s, the default: no interval seen to learn from"
         return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
-                f"{_seconds(self.learnt.longest, 2)} s longest interval, floor {LEARN_FLOOR:g} s")
+                f"{_seconds(self.learnt.longest, 2)} s longest interval, floor {self.floor:g} s")
 
     def learning(self, learnt: Learnt) -> "Limits":
         return dataclasses.replace(self, learnt=self.learnt.merge(learnt))
 
     def of(self, progress: RankRecord) -> float:
-        if progress.in_grace:
+        if progress.in_grace or progress.compiling:
             return max(self.grace, self.quiet)
         if progress.section:
             seen = self.learnt.section(progress.section)
@@ -140,9 +143,9 @@ class Limits:
 
     def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
-        if progress.in_grace and self.grace > self.quiet:
+        if (progress.in_grace or progress.compiling) and self.grace > self.quiet:
             return f"--hang-grace {self.grace:g}: compiling"
-        if progress.section and not progress.in_grace:
+        if progress.section and not progress.in_grace and not progress.compiling:
             return f"limit {_seconds(self.of(progress))} s inside a {progress.section}"
         return self.why
 

@@ -74,7 +74,8 @@ class StackSample:
 
 
 class StallWatch:
-    """On each node: once every running rank here has been silent past its limit, read their
+    """On each node: once every running rank here has been frozen past its limit (not alive:
+    ``RankRecord.life``, from its progress and ``liveness.LifeWatch``'s readings), read their
     stacks (``sample``) for node 0's judgement; then again only after another timeout. It reads
     the node's records of its ranks (``records``, rank -> ``RankRecord``, folded by the
     supervisor)."""
@@ -89,7 +90,7 @@ class StallWatch:
             return False
         self.limits = self.limits.learning(Learnt.of(self._records.values()))
         progress = [self._records.get(r) for r in running]
-        if any(p is None or p.since is None or now - p.since <= self.limits.of(p)
+        if any(p is None or p.life is None or now - p.life <= self.limits.of(p)
                for p in progress):
             return False
         self._next_check = now + self.limits.quiet

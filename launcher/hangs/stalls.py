@@ -1,34 +1,31 @@
-"""Hang detection as node 0 judges it: which rank stopped making progress, and where it is stuck.
-The limits live in ``launcher.hangs.hang_limits``, each node's reading of its ranks' stacks in
-``launcher.hangs.stack_samples``.
+"""Hang detection as node 0 judges it: which rank is frozen, and where it is stuck. The limits
+live in ``launcher.hangs.hang_limits``, each node's readings of its ranks in
+``launcher.hangs.liveness`` (alive or frozen) and ``launcher.hangs.stack_samples`` (stacks).
 
 Progress is what the ranks report: the rank hook's ``progress`` events (``parallel.progress``:
-top-level Cell calls, dataset batches, checkpoint loads, whatever loop the script runs), the
-trainer's ``step`` events, and ``initialised``. ``launcher.ranks.RankRecord`` folds them (what
-counts as progress is said there, once), with the launcher's clock when each arrived (not the
-rank's, so clock skew between hosts cannot fake or hide a stall). A rank is silent past its
-limit (``Limits``) after ``--hang-timeout`` seconds without progress, or, with no
-``--hang-timeout`` given, after a limit learnt from the job: 5 x the longest quiet interval any
-rank showed between two progress events, at least 10 s (kept across restarts); or
-``--hang-grace`` while it is in grace: since ``init()`` until its first progress, and since a
-checkpoint load until its next (graph compilation on Ascend can take many minutes). A rank
-inside a checkpoint save or an evaluation (a ``section``) has the limit of that kind: 5 x the
-longest one seen, or the grace while none ended yet; its peers that wait meanwhile are not
-judged while it is within it.
+top-level Cell calls, dataset batches, checkpoint loads, graph compilations), the trainer's
+``step`` events, and ``initialised``. ``launcher.ranks.RankRecord`` folds them (what counts as
+progress is said there, once), with the launcher's clock when each arrived (not the rank's, so
+clock skew between hosts cannot fake or hide a stall). Between two progress events a rank may be
+busy alone: rank 0 saving, evaluating or uploading while the others wait for it in the next
+step's collective. So a rank is judged by when it was last seen *alive* (``RankRecord.life``):
+its last progress, or, outside a framework call, the last time its supervisor read its main
+thread run, its process read or write, or a process it started run (``alive`` events). Inside a
+framework call only progress counts: a rank waiting in a collective is not alive by its CPU.
 
-Two ways a hang shows, both judged on node 0 over every rank of every host (``HangCheck``):
-
-* One rank silent past its limit while others still advance (``find_stall``).
-* Every rank silent past its limit: in synchronous data parallelism the healthy ranks soon wait
-  inside the framework's collectives (MindSpore's, torch's) for the one that hangs. Each node's
-  supervisor then reads its ranks' stacks (``stack_samples.StallWatch``: faulthandler on
-  SIGUSR1, every thread, and py-spy's native stacks when py-spy is installed), keeps them under
-  the log directory and sends them to node 0 as ``stack`` events. The rank whose main thread is
-  anywhere else (user code, a sleep, a data loader) is the straggler; without stacks, the one
-  not inside a top-level call while the others are, or the one whose count is behind. Ranks that
-  all wait inside the framework with nobody standing out are a hang too (a lost collective),
-  named as such; ranks that are all outside it wait on nobody (an evaluation in numpy, a long
-  save), and are left alone.
+A rank is frozen once it has not been alive for its limit (``Limits.of``: ``--hang-timeout``,
+else learnt from the job; ``--hang-grace`` from ``init()`` until its first training step, after
+a checkpoint load and while MindSpore compiles a graph; a section's own limit inside a save or
+an evaluation). While any rank of the job is alive, nobody is judged: a rank that waits is
+waiting on the one that is busy (``busy_alone`` names such spells for the display). Once every
+rank is frozen, each node's supervisor reads its ranks' stacks (``stack_samples.StallWatch``:
+faulthandler on SIGUSR1, every thread, and py-spy's native stacks when py-spy is installed) and
+sends them to node 0 as ``stack`` events, and ``judge`` names the hang (``HangCheck``): the rank
+whose main thread is anywhere but inside the framework (user code, a sleep, a data loader) is
+the one that hangs, frozen where it is; without stacks, the one not inside a top-level call
+while the others are, or the one whose count is behind. Ranks that all wait inside the
+framework with nobody standing out are a hang too (a lost collective), named as such; ranks
+that are all outside it wait on nobody, and are left alone.
 
 A rank that fails with a communication timeout after another stopped making progress is the
 victim: ``stalled_before`` names the stalled one as the root cause (``launch`` rewrites the
@@ -76,16 +73,14 @@ class Progress(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Stall:
-    """A hang: the rank that stopped making progress (None when every rank waits in MindSpore
-    and none stands out), its host, since when, and where the ranks are. ``others_advanced``:
-    the others stepped on (``find_stall``); else every rank went silent, ``waiting`` being the
+    """A hang: the frozen rank (None when every rank waits in MindSpore and none stands out),
+    its host, for how long every rank has been frozen, and where the ranks are: ``waiting`` the
     ranks that wait on it, ``also`` any further straggler, ``how`` what gave it away."""
 
     rank: Optional[int]
     host: str
     last_step: Optional[int]
     silent_for: float
-    others_advanced: bool = True
     timeout: float = 0.0
     also: tuple[int, ...] = ()
     waiting: tuple[int, ...] = ()
@@ -115,13 +110,6 @@ def describe_stall(stall: Stall, job_id: str) -> str:
         head = (f"npu-launch: job {job_id} stopped: rank(s) {_ranks(stall.waiting)} wait{where} "
                 f"with no progress for {window}, but {names} on {stall.host} ended its script"
                 f"{after}: it left the job's collectives early (fewer batches than its peers?)")
-    elif stall.others_advanced:
-        where = (f"at step {stall.last_step}" if stall.last_step is not None
-                 else f"after {stall.count} counted calls" if stall.count
-                 else "before its first step")
-        head = (f"npu-launch: job {job_id} stopped: rank {stall.rank} on {stall.host} stalled "
-                f"{where}: no progress for {stall.silent_for:.0f} s while other ranks advanced"
-                + (f" ({stall.limit})" if stall.limit else ""))
     else:
         window = f"{stall.silent_for:.0f} s" + (f" ({stall.limit})" if stall.limit else "")
         if stall.rank is None:
@@ -144,44 +132,16 @@ def _ranks(ranks: Sequence[int]) -> str:
     return runs_text(sorted(ranks), ", ") or "none"
 
 
-def find_stall(ranks: Iterable[Progress], now: float, limits: Limits) -> Optional[Stall]:
-    """The rank silent longest past its limit while another stepped within the timeout, and
-    went on for at least half the timeout after it went quiet (ranks of a synchronous job that
-    all stop together stop a hair apart: that is every rank silent, not one falling behind).
-    A rank is silent only from when the others' last save or evaluation ended: until then it
-    may have waited on them, and the one that saved steps on a moment before it does."""
-    states = list(ranks)
-    quiet = limits.quiet
-    recent = [s for s in states if s.progress.stepped_at is not None
-              and now - s.progress.stepped_at <= quiet]
-
-    def quiet_since(s: Progress) -> Optional[float]:
-        since = s.progress.since
-        if since is None:
-            return None
-        return max([since] + [r.progress.section_ended for r in states
-                              if r.rank != s.rank and r.progress.section_ended is not None])
-
-    def behind(s: Progress, since: float) -> bool:
-        return any(r.rank != s.rank and (r.progress.stepped_at or 0.0) - since > quiet / 2
-                   for r in recent)
-
-    silent = [(since, s.rank, s) for s in states
-              if not s.done and (since := quiet_since(s)) is not None
-              and now - since > limits.of(s.progress) and behind(s, since)]
-    if not silent:
-        return None
-    _, _, worst = min(silent, key=lambda item: item[:2])
-    silent_since = worst.progress.since if worst.progress.since is not None else now
-    return Stall(worst.rank, worst.host, worst.step, now - silent_since,
-                 timeout=limits.of(worst.progress), limit=limits.why_for(worst.progress),
-                 count=worst.progress.count)
+def frozen(state: Progress, now: float, limits: Limits) -> bool:
+    """Whether ``state``'s rank has not been alive (``RankRecord.life``) for its limit."""
+    life = state.progress.life
+    return life is not None and now - life > limits.of(state.progress)
 
 
 def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: float,
           limits: Limits) -> Stall:
-    """Every rank of ``states`` went silent: the straggler, by stacks, else by progress."""
-    since = max(s.progress.since or now for s in states)
+    """Every rank of ``states`` is frozen: the one that hangs, by stacks, else by progress."""
+    since = max(s.progress.life or now for s in states)
     by_rank = {s.rank: s for s in states}
     stacked = {r: s for r, s in samples.items() if s.frames and r in by_rank}
     inside = sorted(r for r, s in stacked.items() if s.waits_in)
@@ -203,26 +163,85 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
         waiting = inside if inside else busy
     shown = guilty + [r for r in waiting if r in stacked][:1] if guilty else sorted(stacked)
     first = by_rank[guilty[0]] if guilty else None
+    if first is not None and not first.progress.busy:
+        how = ", ".join(filter(None, (how, _still(first, now))))
     return Stall(rank=first.rank if first else None, host=first.host if first else states[0].host,
                  last_step=first.step if first else None, silent_for=now - since,
-                 others_advanced=False, timeout=limits.quiet, also=tuple(guilty[1:]),
+                 timeout=limits.quiet, also=tuple(guilty[1:]),
                  waiting=tuple(waiting), how=how,
                  limit=limits.why_for(first.progress) if first else limits.why,
                  stacks=tuple((r, stacked[r].frames) for r in shown[:4] if r in stacked),
-                 framework=framework)
+                 framework=framework, count=first.progress.count if first else 0)
+
+
+def _still(state: Progress, now: float) -> str:
+    """Why a rank outside a framework call was judged frozen, as its supervisor read it."""
+    life = state.progress.life
+    if life is None:
+        return ""
+    return f"no CPU, no I/O, no child process for {now - life:.0f} s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Busy:
+    """A rank busy alone: outside a framework call, without progress for longer than its limit,
+    but alive (its main thread runs, it reads or writes, its child processes run) while the
+    ``waiting`` ranks are frozen, most likely waiting for it in the next collective. ``doing``
+    says what its supervisor last read it doing; ``written``: bytes it wrote meanwhile."""
+
+    rank: int
+    host: str
+    seconds: float
+    doing: str
+    written: int
+    waiting: tuple[int, ...]
+
+    def text(self) -> str:
+        """``rank 0 busy alone for 34 s (writing, 680 MB), ranks 1-7 wait``."""
+        what = self.doing + (f", {self.written / 1e6:.0f} MB" if self.written >= 1e6 else "")
+        waiting = runs_text(sorted(self.waiting), ", ")
+        return (f"rank {self.rank} busy alone for {self.seconds:.0f} s ({what}), "
+                f"rank{'s' if len(self.waiting) > 1 else ''} {waiting} wait")
+
+    def to_json(self) -> dict[str, object]:
+        return {"seconds": round(self.seconds, 1), "doing": self.doing, "host": self.host,
+                "bytes_written": self.written}
+
+
+def busy_alone(states: Sequence[Progress], now: float, limits: Limits) -> list[Busy]:
+    """The ranks busy alone now (``Busy``): none unless another rank is frozen."""
+    live = [s for s in states if not s.done and s.progress.since is not None]
+    stuck = tuple(sorted(s.rank for s in live if frozen(s, now, limits)))
+    if not stuck:
+        return []
+    return [Busy(s.rank, s.host, now - (s.progress.since or now), _doing(s.progress),
+                 s.progress.quiet_written, stuck)
+            for s in live if s.rank not in stuck and not s.progress.busy
+            and now - (s.progress.since or now) > limits.of(s.progress)]
+
+
+def _doing(progress: RankRecord) -> str:
+    how = set(progress.alive_how.split(","))
+    if progress.quiet_written and "io" in how:
+        return "writing"
+    return next((word for key, word in (("io", "reading"), ("children", "in a child process"),
+                                        ("cpu", "computing")) if key in how), "busy")
 
 
 class HangCheck:
     """Node 0's hang check over the job's rank states (``states``, the monitor's), called every
-    tick; ``sample`` takes the stacks a node sent. ``first`` is the first stall seen
+    tick; ``sample`` takes the stacks a node sent; ``on_busy`` is told, on each check, the ranks
+    busy alone then (the monitor's display and summary). ``first`` is the first stall seen
     (``summary.json`` keeps it); ``begin_attempt`` forgets the last attempt's, not what the
     limits learnt (``limits``: kept across restarts, as the ranks do the same work again)."""
 
     def __init__(self, states: Callable[[], Iterable[Progress]], limits: Limits,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_busy: Callable[[list[Busy]], None] = lambda busy: None) -> None:
         self._states = states
         self.limits = limits
         self._clock = clock
+        self._on_busy = on_busy
         self._next_check = 0.0
         self._due: Optional[float] = None
         self._samples: dict[int, tuple[float, StackSample]] = {}
@@ -250,16 +269,13 @@ class HangCheck:
         return self._stall
 
     def _check(self, states: list[Progress], now: float) -> Optional[Stall]:
-        behind = find_stall(states, now, self.limits)
-        if behind is not None:
-            return behind
+        self._on_busy(busy_alone(states, now, self.limits))
         live = [s for s in states if not s.done and s.progress.since is not None]
-        if not live or any(now - (s.progress.since or now) <= self.limits.of(s.progress)
-                           for s in live):
+        if not live or not all(frozen(s, now, self.limits) for s in live):
             self._due = None
             return None
         self._due = self._due or now
-        since = max(s.progress.since or 0.0 for s in live)
+        since = max(s.progress.life or 0.0 for s in live)
         fresh = {r: sample for r, (at, sample) in self._samples.items() if at >= since}
         if len(fresh.keys() & {s.rank for s in live}) < len(live) \
                 and now - self._due < _EVIDENCE_WAIT:
@@ -312,5 +328,5 @@ def stalled_before(states: Iterable[Progress], failed: int, at: float) -> Option
         return None
     since, _, straggler = min(suspects, key=lambda item: item[:2])
     return Stall(straggler.rank, straggler.host, straggler.step, at - since,
-                 others_advanced=False, waiting=(failed,),
+                 waiting=(failed,),
                  how="not inside a step" if not straggler.progress.busy else "its count is behind")

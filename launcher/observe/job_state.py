@@ -130,6 +130,8 @@ class JobState:
         self.earlier_attempts: list[AttemptEntry] = []
         """The attempts of earlier launches into the same log directory (the same command run
         again resumes there): kept ahead of this launch's in summary.json."""
+        self.busy_alone: dict[int, dict[str, Any]] = {}
+        """Each rank's longest spell busy alone (``contract.EVENT_BUSY_ALONE``)."""
         self.global_batch: Optional[int] = None
         """Every rank's batch together, as the ranks' readers last reported it (``data``)."""
 
@@ -168,6 +170,7 @@ class JobState:
                                 for c in self.checkpoints],
                 "complete_steps": complete, "checkpoints_sent": self.transferred.to_json(),
                 "checkpoints_collected": self.collected.to_json(), "checkpoint_storage": self.storage,
+                "busy_alone": {str(r): spell for r, spell in sorted(self.busy_alone.items())},
                 "attempts": [a.to_json() for a in (*self.earlier_attempts, *self.attempts)]}
 
     def complete_steps(self) -> list[int]:
@@ -214,6 +217,18 @@ def _on_data(job: JobState, state: RankState, event: Event, seen_at: float) -> N
         job.global_batch = size
 
 
+def _on_busy_alone(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    seconds, doing = event.record.get("seconds"), event.record.get("doing")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not isinstance(doing, str):
+        return
+    kept = job.busy_alone.get(state.rank)
+    if kept is None or seconds > kept["seconds"]:
+        job.busy_alone[state.rank] = {"seconds": float(seconds), "doing": doing[:40],
+                                      "bytes_written": event.bytes_written or 0,
+                                      "host": state.host}
+
+
 T = TypeVar("T")
 
 
@@ -222,7 +237,7 @@ def _either(new: Optional[T], old: Optional[T]) -> Optional[T]:
     return old if new is None else new
 
 
-LIVENESS = frozenset((contract.EVENT_PROGRESS, contract.EVENT_STACK))
+LIVENESS = frozenset((contract.EVENT_PROGRESS, contract.EVENT_STACK, contract.EVENT_ALIVE))
 """Events for the hang check alone (see the module's docstring)."""
 
 
@@ -232,4 +247,5 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
     contract.EVENT_FINISHED: _on_finished,
     contract.EVENT_EVAL: _on_eval,
     contract.EVENT_DATA: _on_data,
+    contract.EVENT_BUSY_ALONE: _on_busy_alone,
 }

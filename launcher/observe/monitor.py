@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher.files import read_json
-from launcher.hangs.stalls import Stall
+from launcher.hangs.stalls import Busy, Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
 from launcher.observe.startup import describe, job_phases
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
@@ -55,6 +55,8 @@ _LIVE_INTERVAL = 1.0
 
 
 _PLAIN_INTERVAL = 10.0
+_BUSY_EVERY = 30.0
+"""Seconds between two lines saying that a rank is still busy alone."""
 
 
 class JobMonitor:
@@ -76,6 +78,9 @@ class JobMonitor:
         self._news_since_status = False
         self._dirty = False
         self._summary: Optional[dict[str, Any]] = None
+        self._busy: dict[int, Busy] = {}
+        """The ranks busy alone now (``stalls.busy_alone``), as the hang check last said."""
+        self._next_busy_line = 0.0
         self._lingered: tuple[tuple[int, ...], float] = ((), 0.0)
         """Ranks stopped in their exit handlers in this attempt, and the limit they passed."""
         os.makedirs(log_dir, exist_ok=True)
@@ -187,6 +192,36 @@ class JobMonitor:
         return (f"npu-launch: checkpoints were written (step {shown}) but no step by every rank: "
                 "none is complete to resume from")
 
+    def busy_alone(self, busy: Sequence[Busy]) -> None:
+        """The hang check's word on who is busy alone now (each check, twice a second): a line
+        when a spell begins and every ``_BUSY_EVERY`` seconds while it lasts; a ``busy-alone``
+        record in metrics.jsonl for each spell that ended."""
+        with self._lock:
+            now = self._clock()
+            ended = [spell for rank, spell in self._busy.items()
+                     if rank not in {b.rank for b in busy}]
+            self._busy = {b.rank: b for b in busy}
+            self._record_busy(ended)
+            if not busy:
+                self._next_busy_line = 0.0
+            elif now >= self._next_busy_line and self._footer is None:
+                self._next_busy_line = now + _BUSY_EVERY
+                write_console(self._stream, f"npu-launch: {self._busy_text()}\n")
+
+    def _busy_text(self) -> str:
+        spells = sorted(self._busy.values(), key=lambda b: b.rank)
+        return "; ".join(b.text() for b in spells[:3]) + \
+            (f"; {len(spells) - 3} more ranks busy alone" if len(spells) > 3 else "")
+
+    def _record_busy(self, spells: Sequence[Busy]) -> None:
+        for spell in spells:
+            record = {"event": contract.EVENT_BUSY_ALONE, "rank": spell.rank, "host": spell.host,
+                      "time": self._clock(), **spell.to_json()}
+            self._append(record)
+            event = Event.parse(record)
+            if event is not None:
+                self._state.apply(event, self._clock())
+
     def stopped_in_exit(self, ranks: Sequence[int], limit: float) -> None:
         """``ranks`` were still in their exit handlers ``limit`` seconds after every rank's
         script ended well (``attempt.lingering``): npu-launch stops them, not a failure."""
@@ -239,6 +274,8 @@ class JobMonitor:
         Closing again returns the first summary unchanged."""
         with self._lock:
             if self._summary is None:
+                self._record_busy(list(self._busy.values()))
+                self._busy = {}
                 self._finish_display()
                 if self._metrics is not None:
                     self._metrics.close()
@@ -258,7 +295,10 @@ class JobMonitor:
     def _show_status(self, now: float) -> None:
         if self._footer is not None:
             self._next_status = now + _LIVE_INTERVAL
-            self._footer.draw(status_table(self._job_id, self._state.ranks, now, self._started))
+            table = status_table(self._job_id, self._state.ranks, now, self._started)
+            if self._busy:
+                table[0] += f"  |  {self._busy_text()}"
+            self._footer.draw(table)
         elif self._news_since_status:
             line = status_line(self._state.ranks.values())
             if line is not None:

@@ -111,8 +111,8 @@ class ProcessSpec:
 @dataclasses.dataclass(frozen=True)
 class Timeouts:
     """How every node's supervisor waits: ``--kill-timeout``, ``--startup-timeout``,
-    ``--hang-timeout`` (0: never), ``--hang-grace`` and ``--exit-timeout``, carried in the plan
-    so agents get them with it."""
+    ``--hang-timeout`` (0: never), ``--hang-grace``, ``--exit-timeout`` and ``--hang-floor``,
+    carried in the plan so agents get them with it."""
 
     kill: float = 10.0
     startup: float = 300.0
@@ -122,6 +122,8 @@ class Timeouts:
     exit: float = 60.0
     """How long node 0 waits, once every rank's script ended cleanly, for the ranks still in
     their exit handlers (0: without a limit; ``attempt.lingering``)."""
+    hang_floor: float = 10.0
+    """The least a learnt hang limit is (``hang_limits.LEARN_FLOOR`` unless given)."""
 
 
 @dataclasses.dataclass(frozen=True)

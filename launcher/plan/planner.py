@@ -65,7 +65,7 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       and not inputs.agents, token=inputs.token, replicated=inputs.replicated,
                       timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
                                         config.hang_timeout, config.hang_grace,
-                                        config.exit_timeout),
+                                        config.exit_timeout, config.hang_floor),
                       collect_ranks=_collect_ranks(config, inputs, ranks))
 
 

@@ -20,10 +20,17 @@ phases end training. A rank made progress when it
 Entering a call is not progress (a ``progress`` event that only turns ``busy`` on): a rank that
 hangs inside its next step made its last progress when the step before it ended.
 
-The hang check's grace (``in_grace``: from ``initialised`` until the count is 2 higher, a
-``first-step`` or a ``step``, and again from a checkpoint load) and the quiet intervals it
-learns from (``longest``, ``intervals``: steps and counts outside grace and sections;
-``section_longest``: each kind of section) are folded here too, from the same events.
+The hang check's grace (``in_grace``: from ``initialised`` until the rank's first training
+step, and again from a checkpoint load), whether it compiles a graph now (``compiling``), the
+quiet intervals it learns from (``longest``, ``intervals``: steps and counts outside grace,
+sections and compilations; ``section_longest``: each kind of section) and the supervisors'
+readings that a quiet rank is not frozen (``alive`` events: ``alive_at``, ``life``) are folded
+here too, from the same events.
+
+A training step is a top-level call of a Cell in training mode (the hook's ``trained``), or a
+trainer ``step``: a toolkit's warm-up collectives and evaluation cells before training end no
+grace. A rank that calls no Cell at all (a loop of dataset batches around a ``@jit`` function)
+leaves its grace once its count is 2 higher; its compilations are ``compiling`` all the same.
 """
 from __future__ import annotations
 
@@ -65,7 +72,8 @@ class RankRecord:
     progress), ``stepped_at`` (last step or higher count outside grace and sections), ``count``,
     ``busy``, ``loads``, ``in_grace``, ``section`` (``save`` or ``eval`` while inside one, else
     ""), ``section_since``, ``section_ended`` (when the last one ended), ``sections``,
-    ``grace_count``, ``longest``, ``intervals``, ``section_longest``."""
+    ``grace_count``, ``trained``, ``compiling``, ``longest``, ``intervals``, ``section_longest``;
+    and its supervisor's readings: ``alive_at``, ``alive_how``, ``quiet_written``."""
 
     main_thread: str = ""
     frameworks: frozenset[str] = frozenset()
@@ -102,8 +110,21 @@ class RankRecord:
     section_ended: Optional[float] = None
     sections: int = 0
     grace_count: int = 0
-    """The count when the grace began: it lasts until the count is 2 higher (a first batch is
-    fetched before the step that compiles), a ``first-step`` or a ``step``."""
+    """The count when the grace began: a rank that made no Cell call leaves it once the count is
+    2 higher (a first batch is fetched before the step that compiles)."""
+    trained: int = 0
+    grace_trained: int = 0
+    """``trained`` when the grace began: it lasts until a training step completes."""
+    called: bool = False
+    """A top-level call completed (``first-step``): the grace waits for a training one."""
+    compiling: bool = False
+    compiled: bool = False
+    """A compilation came since the last step: that interval teaches the limit nothing."""
+    alive_at: Optional[float] = None
+    """When its supervisor last read that it moved (``alive``), on the folder's clock."""
+    alive_how: str = ""
+    quiet_written: int = 0
+    """Bytes it (and its child processes) wrote since its last progress, as read."""
     longest: float = 0.0
     """The longest quiet interval ended by a step or a count, outside grace and sections."""
     intervals: int = 0
@@ -125,6 +146,14 @@ class RankRecord:
         """Its script has ended (its exit handlers began, or its process is gone): no progress
         is to come from it, whatever its exit handlers wait for."""
         return self.ended_cleanly is not None or self.exited
+
+    @property
+    def life(self) -> Optional[float]:
+        """The last moment it was seen not frozen: its last progress, or, outside a framework
+        call (where only progress tells), its supervisor's last reading that it moved."""
+        if self.since is None or self.busy or self.alive_at is None:
+            return self.since
+        return max(self.since, self.alive_at)
 
     @property
     def ended_well(self) -> bool:
@@ -158,16 +187,20 @@ class RankRecord:
             self.since = now
         if event.time is not None:
             self.last_progress = event.time
+        self.quiet_written, self.alive_how = 0, ""
 
     def _stepped(self, event: Event, now: Optional[float]) -> None:
         """A step or a higher count outside grace and sections: ends a quiet interval."""
         if now is not None:
-            if not self.in_grace and self.since is not None:
+            # A spell busy alone (read as alive) or a compilation is no step's pace.
+            busy_alone = self.alive_at is not None and self.alive_at > (self.since or now)
+            if not self.in_grace and self.since is not None and not self.compiled \
+                    and not busy_alone:
                 self.longest = max(self.longest, now - self.since)
                 self.intervals += 1
             self.stepped_at = now
         self._progressed(event, now)
-        self.in_grace = False
+        self.in_grace = self.compiled = False
 
     def _section(self, event: Event, now: Optional[float]) -> bool:
         """Whether a section began or ended (one that began and ended between two events shows
@@ -219,7 +252,7 @@ def _initialised(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 def _first_step(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.first_step_time = r.first_step_time or event.time
-    r.in_grace = False
+    r.called = True
     r._progressed(event, now)
 
 
@@ -241,20 +274,39 @@ def _finished(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.busy = bool(event.busy)
+    compiling = bool(event.compiling)
+    if compiling != r.compiling:  # a compilation began or ended: its grace starts or ends now
+        r.compiling, r.compiled = compiling, r.compiled or compiling
+        r._progressed(event, now)
     if r._section(event, now):
         r._progressed(event, now)
+    trained = max(r.trained, event.trained or 0)
     if event.loads is not None and event.loads > r.loads:
         r.loads, r.in_grace = event.loads, True
-        r.grace_count = max(r.count, event.count or 0)
+        r.grace_count, r.grace_trained = max(r.count, event.count or 0), trained
         r._progressed(event, now)
     elif event.count is not None and event.count > r.count:
-        if r.section or (r.in_grace and event.count < r.grace_count + 2):
+        if r.section or (r.in_grace and not _trained_past_grace(r, event.count, trained)):
             r._progressed(event, now)
         else:
             r._stepped(event, now)
     elif event.count is None and event.loads is None:
         r._progressed(event, now)  # not the rank hook's: a heartbeat is taken at its word
-    r.count = max(r.count, event.count or 0)
+    r.count, r.trained = max(r.count, event.count or 0), trained
+
+
+def _trained_past_grace(r: RankRecord, count: int, trained: int) -> bool:
+    """Whether the grace ends with a count of ``count``: a training step completed since it
+    began, or, for a rank that made no Cell call, a count 2 higher."""
+    return trained > r.grace_trained or (not r.called and count >= r.grace_count + 2)
+
+
+def _alive(r: RankRecord, event: Event, now: Optional[float]) -> None:
+    """Its supervisor read that it moved while quiet (``launcher.hangs.liveness``)."""
+    if now is not None:
+        r.alive_at = now
+    r.alive_how = event.how or r.alive_how
+    r.quiet_written += max(event.bytes_written or 0, 0)
 
 
 def _exiting(r: RankRecord, event: Event, now: Optional[float]) -> None:
@@ -283,5 +335,6 @@ _FOLDS: dict[str, Callable[[RankRecord, Event, Optional[float]], None]] = {
     contract.EVENT_PROGRESS: _progress,
     contract.EVENT_EXITING: _exiting,
     contract.EVENT_EXITED: _exited,
+    contract.EVENT_ALIVE: _alive,
 }
 """How each kind of event folds in; the others say nothing of a rank's progress or marks."""

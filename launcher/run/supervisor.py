@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional, TextIO
 from launcher.config.launch_config import ConsoleFilter
 from launcher.files import remove
 from launcher.hangs.hang_limits import Limits
+from launcher.hangs.liveness import LifeWatch
 from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.ranks.record import RankRecord
@@ -86,10 +87,13 @@ class LocalRanks:
         self._stuck: list[ProcessSpec] = []
         self._stuck_at: dict[int, tuple[str, ...]] = {}
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
-        limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace)
+        limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace,
+                        floor=plan.timeouts.hang_floor)
         # Nobody sits at a pdb prompt against a clock (``--debug``).
         self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
             else None
+        self._life = LifeWatch(self._records, self._host) if self._stalls is not None else None
+        """Whether a quiet rank here is frozen or busy alone: ``alive`` events for node 0."""
         self._finish = threading.Event()
         self._wake = threading.Event()
         self._ranks_done_sent = False
@@ -171,6 +175,7 @@ class LocalRanks:
         if self._stalls is not None:  # a rank whose script ended waits in its exit handlers
             running = {rank: pid for rank, pid in self._running_ranks(group).items()
                        if not self._records[rank].script_ended}
+            self._report_life(running)
             if self._stalls.due(sorted(running), time.time()):
                 self._send_stacks(running)
         if all(r.exited for r in self._records.values()):
@@ -194,6 +199,14 @@ class LocalRanks:
         if self._natives is not None:
             self._natives.join()
 
+    def _report_life(self, running: Mapping[int, int]) -> None:
+        """Read whether this node's quiet ranks are alive; fold and report what moved."""
+        if self._life is None:
+            return
+        for event in self._life.read(running, time.time()):
+            self._records[event.rank].observe(event, time.time())
+            self._reporter.event(event)
+
     def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
         return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
 
@@ -204,6 +217,8 @@ class LocalRanks:
         paths = {r: self._by_rank[r].stack_path for r in ranks if self._by_rank[r].stack_path}
         threads = {rank: r.main_thread for rank, r in self._records.items() if r.main_thread}
         stacks, natives = sample_stacks(ranks, paths, threads)
+        if self._life is not None:  # the dump ran each main thread and wrote its stack file
+            self._life.rested(ranks)
         self._report_stacks(stacks)
         self._natives = threading.Thread(target=lambda: self._report_stacks(natives()),
                                          name="native-stacks", daemon=True)
