@@ -77,7 +77,6 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 same as a rank begins importing torch (MindSpore's threads are left as they are)."""
 FRAMEWORKS = ("mindspore", "torch")
 """The frameworks the rank hook tells the launcher about (``EVENT_FRAMEWORK``)."""
-
 # npu-launch's own.
 JOB_ID = "NPU_LAUNCH_JOB_ID"
 """The job's name, as the user sees it (logs, events). Another launch may carry the same one."""
@@ -114,9 +113,8 @@ SEED = "NPU_LAUNCH_SEED"
 WAIT_FOR_SCHEDULER = "NPU_LAUNCH_WAIT_SCHEDULER"
 """``1``: the rank hook waits until the scheduler accepts connections before MindSpore's
 ``init()`` connects, which avoids MindSpore's 3-5 s registration retry."""
-
 STACK_FILE = "NPU_LAUNCH_STACK_FILE"
-"""Where the rank writes its Python stacks when it receives SIGUSR1 (hang detection)."""
+"""Where the rank writes its Python stacks on SIGUSR1 (hang detection)."""
 PROGRESS = "NPU_LAUNCH_PROGRESS"
 """``1``: hang detection is on (``--hang-timeout`` > 0): the rank hook counts progress."""
 RESTART = "NPU_LAUNCH_RESTART"
@@ -124,12 +122,9 @@ RESTART = "NPU_LAUNCH_RESTART"
 SPARE = "NPU_LAUNCH_SPARE"  # in a warm spare only (parallel.spare): the framework it imports
 PLANNED_WORLD = "NPU_LAUNCH_PLANNED_WORLD_SIZE"
 """Set when the job goes on with fewer ranks than it was planned with (``--min-nodes`` left a
-host out): the planned world size. ``parallel.data.sharded_dataset`` keeps the planned global
-batch: each rank's batch is the script's ``batch_size`` x planned / current world size."""
-
+host out): the planned world size, for ``parallel.data.sharded_dataset``'s global batch."""
 DEVFS = "NPU_LAUNCH_DEVFS"
 """Where the ``davinciN`` device nodes are [default: /dev]; tests point it at a fake ``/dev``."""
-
 CPUS = "NPU_LAUNCH_CPUS"
 """``--bind-cores``: the cores the rank is bound to, as a CPU list (``0-11``)."""
 NUMA_NODES = "NPU_LAUNCH_NUMA_NODES"
@@ -217,8 +212,7 @@ and only on a change: ``count`` (top-level Cell calls completed plus dataset bat
 ``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far); ``section``
 (``save`` or ``eval`` while the main thread is inside a checkpoint save or an evaluation, else
 "") and ``sections`` (saves and evaluations completed so far): judged by a limit of their own;
-``trained`` (top-level calls of a Cell in training mode completed: training steps, which end the
-compile grace) and ``compiling`` (the main thread is inside MindSpore's graph compilation)."""
+``trained`` (training steps: top-level calls of a Cell in training mode) and ``compiling``."""
 SECTION_SAVE = "save"
 SECTION_EVAL = "eval"
 EVENT_STACK = "stack"
@@ -227,11 +221,8 @@ EVENT_STACK = "stack"
 thread, as faulthandler wrote it) and ``native`` (py-spy's native stacks, when it is installed;
 they may follow in a second event with no frames)."""
 EVENT_ALIVE = "alive"
-"""Not sent by the rank: its supervisor's reading that a rank without progress is not frozen
-(``launcher.hangs.liveness``): ``how`` (what moved: ``cpu``, ``io``, ``children``, comma
-separated), ``bytes_written`` and ``bytes_read`` (by the rank and its child processes since the
-supervisor's previous reading). Sent at most once a second per rank, and only for a rank that
-made no progress for a second and is outside a framework call."""
+"""Not sent by the rank: its supervisor read that a quiet rank moved (``launcher.hangs.liveness``):
+``how`` (``cpu``, ``io``, ``children``, comma separated), ``bytes_written``, ``bytes_read``."""
 EVENT_EXITED = "exited"
 """Not sent by the rank: its supervisor's record that the rank's process ended (``returncode``),
 under the same name on the wire from a node agent and in metrics.jsonl."""
@@ -330,8 +321,7 @@ SUMMARY_FILE = "summary.json"
 EVENT_JOB = "job"
 """The first line of metrics.jsonl, written by the monitor: ``job_id`` and ``ranks`` (rank -> host)."""
 EVENT_BUSY_ALONE = "busy-alone"
-"""Written by the monitor as a rank's spell busy alone ends (``launcher.hangs.stalls.Busy``):
-``seconds``, ``doing``, ``bytes_written``; summary.json's ``busy_alone`` keeps each rank's longest."""
+"""Written by the monitor as a rank's spell busy alone ends (``launcher.hangs.stalls.Busy``)."""
 EVENT_ATTEMPT = "attempt"
 """Written by the monitor as each attempt of the job ends (``launcher.run.restarts.AttemptRecord``):
 ``attempt``, ``started_at``, ``ended_at``, ``duration_s``, ``outcome``, ``exit_code``, ``cause``,
@@ -390,15 +380,9 @@ class RankIdentity:
         world = _first_int(environ, cls.SOURCES["world_size"], default=1)
         local_world = _first_int(environ, cls.SOURCES["local_world_size"], default=world)
         local = _first_int(environ, cls.SOURCES["local_rank"], default=rank % max(local_world, 1))
-        return cls(
-            rank=rank,
-            world_size=world,
-            local_rank=local,
-            local_world_size=local_world,
-            device_id=_first_int(environ, cls.SOURCES["device_id"], default=local),
-            debug=environ.get(DEBUG) == "1",
-            device_kind=environ.get(DEVICE_KIND, ""),
-        )
+        return cls(rank=rank, world_size=world, local_rank=local, local_world_size=local_world,
+                   device_id=_first_int(environ, cls.SOURCES["device_id"], default=local),
+                   debug=environ.get(DEBUG) == "1", device_kind=environ.get(DEVICE_KIND, ""))
 
 
 def _ms_node_id(environ: Mapping[str, str]) -> int:

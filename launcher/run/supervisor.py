@@ -7,10 +7,10 @@ MindSpore process and leaves ``MASTER_PORT`` free for its rank 0 to listen on, a
 
 The first rank that exits non-zero or by a signal, or reports an uncaught exception, ends the
 job; so do ranks that never initialise within the start-up timeout (their stacks are read first,
-to show where they are stuck). Once every rank here went silent past ``--hang-timeout``
-(``stack_samples.StallWatch``), their stacks are read and sent as ``stack`` events: node 0 judges the
-hang over every node's ranks (``stalls.HangCheck``) and stops the job. The loop itself handles
-the stop signals and closes the processes.
+to show where they are stuck). A quiet rank's process is read for signs of life
+(``liveness.LifeWatch``: ``alive`` events); once every rank here is frozen past its limit
+(``stack_samples.StallWatch``), their stacks are sent as ``stack`` events: node 0 judges the
+hang over every node's ranks (``stalls.HangCheck``). The loop handles signals and closing.
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ _SPARES_AFTER = 10.0
 
 class LocalRanks:
     """``plan.on_node(node_rank)``: this node's ranks (and MindSpore's scheduler), watched by
-    ``watch.Watch``. Rank events and exits go to ``reporter``, and so do the ranks' stacks
-    when ``StallWatch`` finds them all silent."""
+    ``watch.Watch``. Rank events and exits go to ``reporter``, and so do ``LifeWatch``'s
+    ``alive`` readings and the ranks' stacks when ``StallWatch`` finds them all frozen."""
 
     everything = "every process"
 
@@ -93,7 +93,6 @@ class LocalRanks:
         self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
             else None
         self._life = LifeWatch(self._records, self._host) if self._stalls is not None else None
-        """Whether a quiet rank here is frozen or busy alone: ``alive`` events for node 0."""
         self._finish = threading.Event()
         self._wake = threading.Event()
         self._ranks_done_sent = False
@@ -106,8 +105,8 @@ class LocalRanks:
         self._hookless: set[int] = set()
         """Ranks found running MindSpore without the rank hook: they cannot be timed."""
         self._warm: set[int] = set()
-        """Ranks that are warm spares: the hook is theirs by making, and a spare still importing
-        MindSpore when it was taken maps its library before it says so."""
+        """Ranks that are warm spares: the hook is theirs by making (and a spare still importing
+        MindSpore when taken maps its library before it says so)."""
 
     def group(self) -> ProcessGroup:
         """The process group these ranks run in."""
@@ -175,7 +174,8 @@ class LocalRanks:
         if self._stalls is not None:  # a rank whose script ended waits in its exit handlers
             running = {rank: pid for rank, pid in self._running_ranks(group).items()
                        if not self._records[rank].script_ended}
-            self._report_life(running)
+            for alive in self._life.read(running, time.time()) if self._life else ():
+                self._fold(alive)  # whether a quiet rank here is frozen or busy alone
             if self._stalls.due(sorted(running), time.time()):
                 self._send_stacks(running)
         if all(r.exited for r in self._records.values()):
@@ -198,14 +198,6 @@ class LocalRanks:
         # the job (each is bounded by its own timeout).
         if self._natives is not None:
             self._natives.join()
-
-    def _report_life(self, running: Mapping[int, int]) -> None:
-        """Read whether this node's quiet ranks are alive; fold and report what moved."""
-        if self._life is None:
-            return
-        for event in self._life.read(running, time.time()):
-            self._records[event.rank].observe(event, time.time())
-            self._reporter.event(event)
 
     def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
         return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
