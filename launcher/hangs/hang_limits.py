@@ -141,6 +141,17 @@ class Limits:
             return self.grace if seen is None else max(self.quiet, LEARN_FACTOR * seen)
         return self.quiet
 
+    def life(self, progress: RankRecord) -> Optional[float]:
+        """When ``progress``'s rank was last seen alive for these limits: with ``--hang-timeout``
+        the limit is on progress alone (a rank spinning without progress is found by it),
+        else its last sign of life (``RankRecord.life``)."""
+        return progress.since if self.timeout is not None else progress.life
+
+    def frozen(self, progress: RankRecord, now: float) -> bool:
+        """Whether ``progress``'s rank has not been seen alive (``life``) for its limit."""
+        life = self.life(progress)
+        return life is not None and now - life > self.of(progress)
+
     def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
         if (progress.in_grace or progress.compiling) and self.grace > self.quiet:

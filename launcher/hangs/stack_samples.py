@@ -90,8 +90,7 @@ class StallWatch:
             return False
         self.limits = self.limits.learning(Learnt.of(self._records.values()))
         progress = [self._records.get(r) for r in running]
-        if any(p is None or p.life is None or now - p.life <= self.limits.of(p)
-               for p in progress):
+        if any(p is None or not self.limits.frozen(p, now) for p in progress):
             return False
         self._next_check = now + self.limits.quiet
         return True

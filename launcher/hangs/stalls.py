@@ -13,10 +13,10 @@ its last progress, or, outside a framework call, the last time its supervisor re
 thread run, its process read or write, or a process it started run (``alive`` events). Inside a
 framework call only progress counts: a rank waiting in a collective is not alive by its CPU.
 
-A rank is frozen once it has not been alive for its limit (``Limits.of``: ``--hang-timeout``,
-else learnt from the job; ``--hang-grace`` from ``init()`` until its first training step, after
-a checkpoint load and while MindSpore compiles a graph; a section's own limit inside a save or
-an evaluation). While any rank of the job is alive, nobody is judged: a rank that waits is
+A rank is frozen once it has not been alive for its limit (``Limits.frozen``): learnt from the
+job; ``--hang-grace`` from ``init()`` until its first training step, after a checkpoint load
+and while MindSpore compiles a graph; a section's own limit inside a save or an evaluation. With
+``--hang-timeout`` only progress counts as life: a rank that spins without progress is found. While any rank of the job is alive, nobody is judged: a rank that waits is
 waiting on the one that is busy (``busy_alone`` names such spells for the display). Once every
 rank is frozen, each node's supervisor reads its ranks' stacks (``stack_samples.StallWatch``:
 faulthandler on SIGUSR1, every thread, and py-spy's native stacks when py-spy is installed) and
@@ -132,16 +132,10 @@ def _ranks(ranks: Sequence[int]) -> str:
     return runs_text(sorted(ranks), ", ") or "none"
 
 
-def frozen(state: Progress, now: float, limits: Limits) -> bool:
-    """Whether ``state``'s rank has not been alive (``RankRecord.life``) for its limit."""
-    life = state.progress.life
-    return life is not None and now - life > limits.of(state.progress)
-
-
 def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: float,
           limits: Limits) -> Stall:
     """Every rank of ``states`` is frozen: the one that hangs, by stacks, else by progress."""
-    since = max(s.progress.life or now for s in states)
+    since = max(limits.life(s.progress) or now for s in states)
     by_rank = {s.rank: s for s in states}
     stacked = {r: s for r, s in samples.items() if s.frames and r in by_rank}
     inside = sorted(r for r, s in stacked.items() if s.waits_in)
@@ -163,7 +157,7 @@ def judge(states: Sequence[Progress], samples: Mapping[int, StackSample], now: f
         waiting = inside if inside else busy
     shown = guilty + [r for r in waiting if r in stacked][:1] if guilty else sorted(stacked)
     first = by_rank[guilty[0]] if guilty else None
-    if first is not None and not first.progress.busy:
+    if first is not None and not first.progress.busy and limits.timeout is None:
         how = ", ".join(filter(None, (how, _still(first, now))))
     return Stall(rank=first.rank if first else None, host=first.host if first else states[0].host,
                  last_step=first.step if first else None, silent_for=now - since,
@@ -211,7 +205,7 @@ class Busy:
 def busy_alone(states: Sequence[Progress], now: float, limits: Limits) -> list[Busy]:
     """The ranks busy alone now (``Busy``): none unless another rank is frozen."""
     live = [s for s in states if not s.done and s.progress.since is not None]
-    stuck = tuple(sorted(s.rank for s in live if frozen(s, now, limits)))
+    stuck = tuple(sorted(s.rank for s in live if limits.frozen(s.progress, now)))
     if not stuck:
         return []
     return [Busy(s.rank, s.host, now - (s.progress.since or now), _doing(s.progress),
@@ -271,11 +265,11 @@ class HangCheck:
     def _check(self, states: list[Progress], now: float) -> Optional[Stall]:
         self._on_busy(busy_alone(states, now, self.limits))
         live = [s for s in states if not s.done and s.progress.since is not None]
-        if not live or not all(frozen(s, now, self.limits) for s in live):
+        if not live or not all(self.limits.frozen(s.progress, now) for s in live):
             self._due = None
             return None
         self._due = self._due or now
-        since = max(s.progress.life or 0.0 for s in live)
+        since = max(self.limits.life(s.progress) or 0.0 for s in live)
         fresh = {r: sample for r, (at, sample) in self._samples.items() if at >= since}
         if len(fresh.keys() & {s.rank for s in live}) < len(live) \
                 and now - self._due < _EVIDENCE_WAIT:

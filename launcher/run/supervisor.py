@@ -92,7 +92,8 @@ class LocalRanks:
         # Nobody sits at a pdb prompt against a clock (``--debug``).
         self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
             else None
-        self._life = LifeWatch(self._records, self._host) if self._stalls is not None else None
+        self._life = LifeWatch(self._records, self._host) \
+            if self._stalls is not None and limits.timeout is None else None
         self._finish = threading.Event()
         self._wake = threading.Event()
         self._ranks_done_sent = False
