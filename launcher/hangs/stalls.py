@@ -16,8 +16,9 @@ framework call only progress counts: a rank waiting in a collective is not alive
 A rank is frozen once it has not been alive for its limit (``Limits.frozen``): learnt from the
 job; ``--hang-grace`` from ``init()`` until its first training step, after a checkpoint load
 and while MindSpore compiles a graph; a section's own limit inside a save or an evaluation. With
-``--hang-timeout`` only progress counts as life: a rank that spins without progress is found. While any rank of the job is alive, nobody is judged: a rank that waits is
-waiting on the one that is busy (``busy_alone`` names such spells for the display). Once every
+``--hang-timeout`` only progress counts as life: a rank that spins without progress is found.
+While any rank of the job is alive, nobody is judged: a rank that waits is waiting on the one
+that is busy (``busy_alone`` names such spells for the display). Once every
 rank is frozen, each node's supervisor reads its ranks' stacks (``stack_samples.StallWatch``:
 faulthandler on SIGUSR1, every thread, and py-spy's native stacks when py-spy is installed) and
 sends them to node 0 as ``stack`` events, and ``judge`` names the hang (``HangCheck``): the rank

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stack_samples import StackSample
-from launcher.hangs.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before
+from launcher.hangs.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before  # noqa
 from launcher.ranks.record import RankRecord
 from parallel import contract, progress
 from parallel.contract import Event
