@@ -132,12 +132,14 @@ def test_a_real_signal_to_the_launcher_is_a_stop_request() -> None:
 
 
 def test_a_stall_from_the_tick_ends_the_job_as_a_hang() -> None:
-    stall = Stall(rank=1, host="h", last_step=4, silent_for=9.0, timeout=5.0)
+    stall = Stall(rank=1, host="h", last_step=4, silent_for=9.0, timeout=5.0, waiting=(0,),
+                  framework="MindSpore")
     ticks = iter([None, None, stall])
     source = FakeSource(None)
     result = _watch(source, tick=lambda: next(ticks))[0].run()
     assert (result.outcome, result.exit_code) == (Outcome.STALLED, HANG_EXIT_CODE)
-    assert "rank 1 on h stalled at step 4" in result.message
+    assert "rank 1 on h hangs: no progress for 9 s while rank(s) 0 wait in MindSpore" \
+        in result.message
     assert source.calls[-1] == "after_close" and "before_close stalled" in source.calls
 
 
