@@ -108,9 +108,8 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
     callback and ``mindspore`` bind it) and ``Model.eval`` are sections; a real save shows as
     one in the rank's progress events. Then ``Model.fit`` with a ``ModelCheckpoint`` (``train``'s
     save on a stop is ``ranks/test_preemption.py``'s, over two ranks) reports its steps with their
-    loss and, with
-    npu-launch's word for step 3 already there, saves that step through the ``ModelCheckpoint``
-    and exits 0."""
+    loss, each counted as a training step (``trained``), and, with npu-launch's word for step 3
+    already there, saves that step through the ``ModelCheckpoint`` and exits 0."""
     events, ckpt = tmp_path / "events.jsonl", tmp_path / "ckpt"
     (tmp_path / "stop_request").write_text("3\n")
     code = (
@@ -122,14 +121,18 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
         "          ms.train.Model.train, ms.train.Model.fit):\n"
         "    assert f.__name__ in ('save_checkpoint', 'eval', 'train', 'fit') and hasattr(f, '__wrapped__'), f\n"
         f"ms.save_checkpoint(nn.Dense(2, 2), {str(tmp_path / 'c.ckpt')!r})\n"
-        "assert progress.snapshot()[3:] == ('', 1), progress.snapshot()\n"
+        "assert progress.snapshot()[3:] == ('', 1, 0, False), progress.snapshot()\n"
         "time.sleep(0.7)\n"
         "net = nn.Dense(2, 2)\n"
         "model = ms.Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9))\n"
         "x = np.ones((40, 2), np.float32)\n"
         "data = ms.dataset.NumpySlicesDataset((x, x), ['x', 'y'], shuffle=False).batch(4)\n"
         f"saves = ModelCheckpoint('net', {str(ckpt)!r}, CheckpointConfig(save_checkpoint_steps=100))\n"
-        "model.fit(1, data, callbacks=[saves])\n"
+        "class Trained(ms.train.Callback):\n"
+        "    def on_train_step_end(self, run_context):\n"
+        "        step = run_context.original_args().cur_step_num\n"
+        "        print(f'trained {progress.snapshot()[5]} at step {step}', flush=True)\n"
+        "model.fit(1, data, callbacks=[saves, Trained()])\n"
         "print('fit went on past the stop')\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'parallel' / '_boot'}{os.pathsep}{REPO}",
            "NPU_LAUNCH_EVENTS_FILE": str(events), "NPU_LAUNCH_PROGRESS": "1",
@@ -139,6 +142,8 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert any(r["event"] == "progress" and r.get("sections") == 1 for r in records), records
+    assert "trained 1 at step 1\ntrained 2 at step 2\n" in done.stdout, \
+        "fit's steps are training steps (``trained``: what ends the compile grace)"
     assert "saved step 3 (" in done.stdout and "went on" not in done.stdout, done.stdout[-2000:]
     assert sorted(p.name for p in ckpt.glob("*.ckpt")) == ["net-1_3.ckpt"]
     steps = [r for r in records if r["event"] == "step"]

@@ -1,5 +1,7 @@
-"""The hang check's judgement, on rank states built from events (``launcher.hangs.stalls``), and the
-rank hook's progress counters (``parallel.progress``), in this process."""
+"""The hang check's judgement, on rank states built from events (``launcher.hangs.stalls``): a
+rank is judged only once every rank is frozen (no progress and, with a learnt limit, no sign of
+life from its supervisor's readings), ranks busy alone are told, graph compilation has the
+grace; and the rank hook's progress counters (``parallel.progress``), in this process."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +12,16 @@ from typing import Optional
 
 import pytest
 
-from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.hang_limits import LEARN_AFTER, Learnt, Limits
 from launcher.hangs.stack_samples import StackSample
-from launcher.hangs.stalls import HangCheck, describe_stall, find_stall, judge, stalled_before  # noqa
+from launcher.hangs.stalls import (
+    Busy,
+    HangCheck,
+    busy_alone,
+    describe_stall,
+    judge,
+    stalled_before,
+)
 from launcher.ranks.record import RankRecord
 from parallel import contract, progress
 from parallel.contract import Event
@@ -23,6 +32,8 @@ IN_MINDSPORE = ("/py/site-packages/mindspore/graph/api.py:2432 in _exec_pip",
 IN_DATA = ("/py/site-packages/mindspore/dataset/engine/iterators.py:150 in __next__",
            "/job/train.py:38 in <module>")
 IN_SLEEP = ("/job/train.py:35 in hang_here", "/job/train.py:39 in <module>")
+STILL = "no CPU, no I/O, no child process for"
+"""How a hang message ends for a rank outside a framework call: what its supervisor read."""
 
 
 @dataclasses.dataclass
@@ -54,7 +65,7 @@ def stepping(ranks: int, until: float, count: int = 5) -> list[State]:
     return states
 
 
-def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
+def test_grace_lasts_until_a_training_step_and_again_after_a_load() -> None:
     p = RankRecord()
     p.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
     assert (p.since, p.in_grace, LIMITS.of(p)) == (1.0, True, 100.0)
@@ -63,24 +74,55 @@ def test_grace_lasts_until_the_first_progress_and_again_after_a_load() -> None:
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=1, busy=True, loads=0), 6.0)
     assert (p.since, p.in_grace) == (6.0, True), "a first batch, fetched before the compile"
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=2, busy=False, loads=0), 6.5)
-    assert (p.since, p.in_grace, LIMITS.of(p), p.intervals) == (6.5, False, 10.0, 0)
+    assert (p.since, p.in_grace, LIMITS.of(p), p.intervals) == (6.5, False, 10.0, 0), \
+        "no Cell call at all (batches around a @jit function): a count 2 higher ends it"
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=3, busy=False, loads=1), 7.0)
     assert (p.since, p.in_grace) == (7.0, True)
     p.observe(Event(contract.EVENT_STEP, 0, step=4), 8.0)
-    assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False)
+    assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False), "a trainer step ends it"
+
     q = RankRecord()
     q.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
     q.observe(Event(contract.EVENT_FIRST_STEP, 0), 9.0)
-    assert (q.since, q.in_grace, q.intervals) == (9.0, False, 0), "the end of the compile"
+    assert (q.since, q.in_grace, q.called, q.intervals) == (9.0, True, True, 0), \
+        "a first call is no training step: a warm-up collective, an evaluation cell"
+    q.observe(Event(contract.EVENT_PROGRESS, 0, count=5, busy=False, loads=0, trained=0), 9.5)
+    assert (q.since, q.in_grace, LIMITS.of(q)) == (9.5, True, 100.0), \
+        "a Cell was called: a count 2 higher no longer ends it, only a training step"
+    q.observe(Event(contract.EVENT_PROGRESS, 0, count=6, busy=False, loads=0, trained=1), 300.0)
+    assert (q.since, q.stepped_at, q.in_grace, q.intervals) == (300.0, 300.0, False, 0), \
+        "the first training step ends it; the compile before it teaches the limit nothing"
+    q.observe(Event(contract.EVENT_PROGRESS, 0, count=7, busy=False, loads=1, trained=1), 301.0)
+    q.observe(Event(contract.EVENT_PROGRESS, 0, count=9, busy=False, loads=1, trained=1), 302.0)
+    assert (q.since, q.in_grace, q.grace_trained) == (302.0, True, 1), \
+        "a checkpoint load: the grace again, until the next training step"
+    q.observe(Event(contract.EVENT_PROGRESS, 0, count=10, busy=False, loads=1, trained=2), 303.0)
+    assert (q.since, q.in_grace, q.intervals) == (303.0, False, 0)
 
 
-def test_a_rank_in_grace_is_not_flagged_while_others_advance() -> None:
-    states = stepping(2, until=0.0, count=0)
-    see(states[0], contract.EVENT_PROGRESS, 50.0, count=7, busy=False, loads=0)
-    assert find_stall(states, 55.0, LIMITS) is None, "rank 1 still compiles, say"
-    see(states[0], contract.EVENT_PROGRESS, 100.0, count=9, busy=False, loads=0)
-    stall = find_stall(states, 101.0, LIMITS)
-    assert stall is not None and (stall.rank, stall.host) == (1, "host1")
+def test_a_rank_in_grace_is_named_only_once_every_rank_is_frozen() -> None:
+    """Rank 0 steps while rank 1 still compiles (no training step yet), then waits for it
+    inside its next step. While rank 1 is within its grace nobody is named, though rank 0 is
+    frozen past the 10 s limit; once rank 1 is past its grace too, rank 1 is the one."""
+    now = [55.0]
+    states = [State(r, host=f"host{r}") for r in range(2)]
+    for s in states:
+        see(s, contract.EVENT_INITIALISED, 1.0)
+    see(states[0], contract.EVENT_FIRST_STEP, 40.0)
+    see(states[0], contract.EVENT_PROGRESS, 50.0, count=7, busy=False, loads=0, trained=1)
+    see(states[0], contract.EVENT_PROGRESS, 50.1, count=7, busy=True, loads=0, trained=1)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    assert check() is None, "rank 1 still compiles, say"
+    now[0] = 70.0
+    assert LIMITS.frozen(states[0].progress, now[0]) and not LIMITS.frozen(states[1].progress, now[0])
+    assert check() is None, "rank 0 waits for the rank in its grace"
+    now[0] = 101.5
+    assert check() is None, "every rank frozen: the stacks are awaited"
+    now[0] = 103.6
+    stall = check()
+    assert stall is not None and (stall.rank, stall.host, stall.waiting) == (1, "host1", (0,))
+    assert stall.how == "it is not inside a step"
+    assert stall.limit == "--hang-grace 100: compiling" and stall.silent_for == pytest.approx(53.6)
 
 
 def test_stacks_name_the_rank_outside_mindspore() -> None:
@@ -202,6 +244,8 @@ def test_a_rank_that_raised_between_steps_is_not_the_victim_of_its_peers_in_a_st
 
 class Cell:
     calls = 0
+    training: Optional[bool] = None
+    """As MindSpore's ``Cell.training`` (``set_train()``): what makes a call a training step."""
 
     def __call__(self, inner: Optional["Cell"] = None, fail: bool = False):
         Cell.calls += 1
@@ -250,6 +294,43 @@ def test_progress_events_are_bounded_and_report_the_last_state(counted) -> None:
     assert last is not None and last.count == progress.snapshot()[0] and last.busy is False
 
 
+def test_training_calls_and_graph_compilations_are_counted_and_told(counted) -> None:
+    """``trained`` counts the main thread's top-level calls of a Cell in training mode (what
+    ends the grace); ``compiling`` is whether its main thread is inside a compile now. Both
+    reach the launcher in the progress events."""
+    training, evaluating = Cell(), Cell()
+    training.training, evaluating.training = True, False
+    evaluating()
+    count, _, _, _, _, trained, _ = progress.snapshot()
+    assert (count, trained) == (1, 0), "a call not in training mode is no training step"
+    training()
+    assert progress.snapshot() == (2, False, 0, "", 0, 1, False)
+    seen = []
+
+    def compile_graph(fail: bool = False) -> str:
+        seen.append(progress.snapshot()[6])
+        time.sleep(0.15)
+        if fail:
+            raise RuntimeError("bad graph")
+        return "phase"
+    compile_ = progress.compiling(compile_graph)
+    assert compile_() == "phase" and seen == [True] and progress.snapshot()[6] is False
+    with pytest.raises(RuntimeError, match="bad graph"):
+        compile_(fail=True)
+    assert progress.snapshot()[6] is False, "a compile that raised is over"
+    progress.compiling(lambda: compile_())()
+    assert seen[-1] is True and progress.snapshot()[6] is False, "nested compiles are one"
+    worker = threading.Thread(target=compile_)
+    worker.start()
+    worker.join()
+    assert seen[-1] is False, "another thread's compile is not the main thread's"
+    time.sleep(0.2)
+    told = [e for line in counted.read_text().splitlines()
+            if (e := Event.parse(json.loads(line))) is not None and e.kind == contract.EVENT_PROGRESS]
+    assert any(e.compiling and e.trained == 1 for e in told), told
+    assert (told[-1].compiling, told[-1].trained, told[-1].count) == (False, 1, 2)
+
+
 def test_the_main_threads_frames_are_read_whatever_the_path_holds(tmp_path) -> None:
     from launcher.hangs.stack_samples import _main_frames
     dump = ('Thread 0x00007f00000000aa (most recent call first):\n'
@@ -264,16 +345,37 @@ def test_the_main_threads_frames_are_read_whatever_the_path_holds(tmp_path) -> N
     assert _main_frames(dump, "0x7f00000000aa") == ("/py/threading.py:331 in wait",)
 
 
-def test_ranks_that_stop_a_hair_apart_are_not_one_falling_behind() -> None:
+def test_ranks_that_stop_a_hair_apart_are_judged_together() -> None:
     """Synchronous ranks blocked together: rank 0's last step arrived 0.3 s before rank 1's.
-    Once rank 0 is past the timeout, rank 1 stepped 'within it', but only just after rank 0
-    went quiet: that is everyone stopping (judged with the stacks), not rank 0 falling behind."""
+    Nobody is named while rank 1 is within its limit; once both are frozen, the stacks tell
+    who hangs, and the silence is counted from the later one. Rank 1 going on for 6 s after
+    rank 0 stopped is no hang either while it steps: rank 0 is named by its count once rank 1
+    waits too."""
+    now = [15.2]
     states = stepping(2, until=5.0)
     see(states[1], contract.EVENT_PROGRESS, 5.3, count=6, busy=False, loads=0)
-    assert find_stall(states, 15.2, LIMITS) is None
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    assert LIMITS.frozen(states[0].progress, now[0]) and check() is None, "rank 1 stepped 9.9 s ago"
+    now[0] = 15.8
+    assert check() is None, "both frozen: the stacks are awaited"
+    check.sample(StackSample(0, IN_MINDSPORE))
+    check.sample(StackSample(1, IN_SLEEP))
+    now[0] = 15.9
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (1, (0,))
+    assert stall.silent_for == pytest.approx(10.6)
+
+    states = stepping(2, until=5.0)
     see(states[1], contract.EVENT_PROGRESS, 11.0, count=9, busy=False, loads=0)
-    stall = find_stall(states, 15.2, LIMITS)
-    assert stall is not None and stall.rank == 0, "rank 1 went on for 6 s after rank 0 stopped"
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    now[0] = 15.2
+    assert check() is None, "rank 1 goes on: rank 0 may wait for it"
+    now[0] = 21.1
+    assert check() is None, "both frozen: the stacks are awaited"
+    now[0] = 23.2  # they never came
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (0, (1,))
+    assert stall.how == "its count is behind"
 
 
 # Limits learnt from the job --------------------------------------------------------------------
@@ -312,6 +414,45 @@ def test_the_limit_is_learnt_from_the_longest_quiet_interval_with_a_floor() -> N
     assert not Limits(0.0, 100.0).on and Limits(None, 1.0).on
 
 
+def test_one_interval_after_the_grace_is_enough_and_the_floor_can_be_given() -> None:
+    states = stepping(1, until=1.0, count=1)
+    assert LEARN_AFTER == 1
+    assert LEARNING.why == "limit 600 s, the default: no interval seen to learn from"
+    steps_every(states, 1.5, 0.5, 1)  # the first step after the grace: no interval yet
+    assert LEARNING.learning(Learnt.of([states[0].progress])).quiet == 600.0
+    steps_every(states, 2.0, 0.5, 1)
+    learnt = Learnt.of([states[0].progress])
+    assert (learnt.intervals, learnt.longest) == (1, 0.5)
+    assert LEARNING.learning(learnt).quiet == 10.0, "the floor, LEARN_FLOOR"
+    floored = Limits(None, 100.0, floor=2.0).learning(learnt)
+    assert floored.quiet == 2.5 and floored.why == (
+        "limit 2.5 s learnt: 5 x 0.5 s longest interval, floor 2 s")
+    assert Limits(None, 100.0, floor=2.0).learning(Learnt(0.1, 1)).quiet == 2.0
+    assert Limits(7.0, 100.0, floor=2.0).learning(learnt).quiet == 7.0, "--hang-timeout wins"
+
+
+def test_an_interval_with_a_compilation_or_a_spell_busy_alone_teaches_nothing() -> None:
+    """The limit is a step's pace: a compilation (a new input shape) inside a step, or a spell
+    during which the rank was read alive while quiet (busy alone), is no such interval."""
+    states = stepping(1, until=1.0, count=1)
+    p = states[0].progress
+    steps_every(states, 1.5, 0.5, 3)
+    assert (p.intervals, p.longest) == (2, 0.5)
+    see(states[0], contract.EVENT_PROGRESS, 3.0, count=p.count, busy=True, loads=0, compiling=True)
+    see(states[0], contract.EVENT_PROGRESS, 33.0, count=p.count, busy=True, loads=0)
+    see(states[0], contract.EVENT_PROGRESS, 33.5, count=p.count + 1, busy=False, loads=0)
+    assert (p.intervals, p.longest) == (2, 0.5), "30 s compiling"
+    see(states[0], contract.EVENT_PROGRESS, 34.0, count=p.count + 1, busy=False, loads=0)
+    assert (p.intervals, p.longest) == (3, 0.5), "the next step is learnt again"
+    for t in range(35, 75):
+        alive(states[0], float(t), how="cpu")
+    see(states[0], contract.EVENT_PROGRESS, 75.0, count=p.count + 1, busy=False, loads=0)
+    assert (p.intervals, p.longest) == (3, 0.5), "41 s busy alone"
+    see(states[0], contract.EVENT_PROGRESS, 75.4, count=p.count + 1, busy=False, loads=0)
+    assert (p.intervals, p.longest) == (4, 0.5)
+    assert LEARNING.learning(Learnt.of([p])).quiet == 10.0
+
+
 def test_a_hang_is_named_by_the_learnt_limit_which_the_message_names() -> None:
     """Sub-second steps, then rank 1 stops outside a step while rank 0 waits inside one: named
     once the learnt limit (the floor here) passed, not after the 600 s default."""
@@ -326,7 +467,7 @@ def test_a_hang_is_named_by_the_learnt_limit_which_the_message_names() -> None:
     check()
     now[0] = last + 12.7  # the stacks never came: judged without them
     stall = check()
-    assert stall is not None and (stall.rank, stall.how) == (1, "it is not inside a step")
+    assert stall is not None and (stall.rank, stall.how) == (1, f"it is not inside a step, {STILL} 13 s")
     assert stall.limit == "limit 10 s learnt: 5 x 0.2 s longest interval, floor 10 s"
     assert "(limit 10 s learnt: 5 x 0.2 s longest interval, floor 10 s)" in \
         describe_stall(stall, "j")
@@ -369,7 +510,8 @@ def test_a_rank_saving_or_evaluating_alone_is_no_hang() -> None:
             busy=False, loads=0, section="eval", sections=1)
         now[0] = last + t + 1
         assert check() is None, f"evaluating for {t - 45} s"
-    assert find_stall(states, now[0], check.limits) is None, "eval batches are not steps"
+    assert check.limits.frozen(states[1].progress, now[0]) and not check.limits.frozen(states[0].progress, now[0])
+    assert busy_alone(states, now[0], check.limits) == [], "its batches are progress: not alone"
     end = last + 90
     see(states[0], contract.EVENT_PROGRESS, end, count=states[0].progress.count,
         busy=False, loads=0, section="save", sections=2)
@@ -385,33 +527,48 @@ def test_a_rank_saving_or_evaluating_alone_is_no_hang() -> None:
     assert stall.limit == "limit 225 s inside a save"
 
 
-def test_the_rank_that_waited_on_a_save_is_silent_only_from_when_it_ended() -> None:
-    """Rank 0 saves for 15 s while rank 1 waits inside its next step, past the 10 s limit. Rank
-    0 steps on first, as it will by up to the hook's half second: no hang. Rank 1 is named only
-    when it stays silent for the limit after the save ended, and for all of its silence."""
+def test_the_rank_that_waited_on_a_save_is_judged_only_once_every_rank_is_frozen() -> None:
+    """Rank 0 saves for 15 s while rank 1 waits inside its next step, past the 10 s limit: no
+    hang. Rank 0 then steps on for 10 s and rank 1 never does: no hang while rank 0 steps (it
+    may be rank 1 that waits). Once rank 0 waits inside a step too, both are frozen after the
+    limit, and rank 1, behind, is named; the silence is every rank's, from rank 0's last step."""
+    now = [0.0]
     states = stepping(2, until=1.0, count=1)
     last = steps_every(states, 1.2, 0.2, 20)
     see(states[1], contract.EVENT_PROGRESS, last + 0.1, count=states[1].progress.count,
         busy=True, loads=0)
     see(states[0], contract.EVENT_PROGRESS, last, count=states[0].progress.count,
         busy=False, loads=0, section="save", sections=0)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    now[0] = last + 14.9
+    assert LIMITS.frozen(states[1].progress, now[0]) and check() is None, "a first save: the grace"
     see(states[0], contract.EVENT_PROGRESS, last + 15.0, count=states[0].progress.count + 1,
         busy=False, loads=0, section="", sections=1)
     assert states[0].progress.section_ended == last + 15.0
-    assert find_stall(states, last + 15.4, LIMITS) is None
     for n in range(1, 21):  # rank 0 goes on, rank 1 never does
         see(states[0], contract.EVENT_PROGRESS, last + 15.0 + n / 2,
             count=states[0].progress.count + 1, busy=False, loads=0, section="", sections=1)
-    assert find_stall(states, last + 24.9, LIMITS) is None, "9.9 s since the save ended"
-    stall = find_stall(states, last + 25.1, LIMITS)
-    assert stall is not None and stall.rank == 1 and stall.silent_for == pytest.approx(25.1)
+        now[0] = last + 15.1 + n / 2
+        assert check() is None, f"rank 0 steps on ({n / 2:g} s)"
+    see(states[0], contract.EVENT_PROGRESS, last + 25.1, count=states[0].progress.count,
+        busy=True, loads=0, section="", sections=1)
+    now[0] = last + 34.9
+    assert check() is None, "rank 0 stepped 9.9 s ago"
+    now[0] = last + 35.5
+    assert check() is None, "both frozen: the stacks are awaited"
+    check.sample(StackSample(0, IN_MINDSPORE))
+    check.sample(StackSample(1, IN_MINDSPORE))
+    now[0] = last + 35.6
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting, stall.how) == (1, (0,), "its count is behind")
+    assert stall.silent_for == pytest.approx(10.6), "from rank 0's last step"
 
 
 def test_a_save_or_an_evaluation_is_a_section_of_its_own_kind(counted) -> None:
     seen = []
 
     def save(path: str) -> str:
-        seen.append(progress.snapshot()[3:])
+        seen.append(progress.snapshot()[3:5])
         if path == "bad":
             raise OSError("disk full")
         return path
@@ -419,7 +576,7 @@ def test_a_save_or_an_evaluation_is_a_section_of_its_own_kind(counted) -> None:
     assert wrapped("a") == "a"
     with pytest.raises(OSError, match="disk full"):
         wrapped("bad")
-    assert seen == [("save", 0), ("save", 1)] and progress.snapshot()[3:] == ("", 2)
+    assert seen == [("save", 0), ("save", 1)] and progress.snapshot()[3:5] == ("", 2)
     evaluate = progress.in_section(contract.SECTION_EVAL, lambda: wrapped("inner"))
     evaluate()
     assert seen[-1] == ("eval", 2), "a save inside an evaluation is part of it"
@@ -441,11 +598,174 @@ def test_what_was_learnt_is_kept_for_the_same_command_run_again(tmp_path) -> Non
 
 
 def test_a_rank_without_step_events_is_told_by_its_count() -> None:
-    """torch and plain loops send no ``step`` events: the message says how far the rank got."""
+    """torch and plain loops send no ``step`` events: rank 1 stays at count 7 while rank 0
+    counts on (no hang: it may be rank 0 that is busy), then waits inside a call. Once both
+    are frozen, rank 1 is named, outside a call, and the stall says how far it got."""
+    now = [0.0]
     states = stepping(2, until=5.0, count=7)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
     for t in range(6, 40):
         see(states[0], contract.EVENT_PROGRESS, float(t), count=7 + t, busy=False, loads=0)
-    stall = find_stall(states, 39.0, LIMITS)
+        now[0] = t + 0.1
+        assert check() is None
+    see(states[0], contract.EVENT_PROGRESS, 39.5, count=46, busy=True, loads=0)
+    now[0] = 49.1
+    assert check() is None, "both frozen: the stacks are awaited"
+    now[0] = 51.2
+    stall = check()
     assert stall is not None and (stall.rank, stall.last_step, stall.count) == (1, None, 7)
-    assert "rank 1 on host1 stalled after 7 counted calls: no progress for" in \
-        describe_stall(stall, "j")
+    assert ("rank 1 on host1 hangs: no progress for 12 s (--hang-timeout 10) while rank(s) 0 "
+            "wait (it is not inside a step)") in describe_stall(stall, "j")
+
+
+# Frozen, or busy alone -------------------------------------------------------------------------
+
+LEARNT = Limits(timeout=None, grace=100.0, learnt=Learnt(1.0, 1))
+"""A limit of 10 s learnt from the job: a rank is judged by its last sign of life, not its last
+progress alone (``--hang-timeout`` judges progress)."""
+
+
+def alive(state: State, at: float, how: str = "cpu,io", written: int = 10_000_000) -> None:
+    """Its supervisor read ``state``'s rank move at ``at`` (``liveness.LifeWatch``)."""
+    see(state, contract.EVENT_ALIVE, at, how=how, bytes_written=written, bytes_read=0)
+
+
+def test_a_rank_busy_alone_is_no_hang_until_it_freezes() -> None:
+    """Rank 0 writes a checkpoint its own way, outside any framework call, for 60 s: no
+    progress, but its supervisor reads it move every second; rank 1 waits inside its next step
+    all along. No hang, whatever its length: each check tells who is busy alone and what it
+    does. Once rank 0's readings stop, it is frozen after the limit and named, with what its
+    supervisor read."""
+    now = [0.0]
+    states = stepping(2, until=5.0)
+    see(states[1], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    told: list[list[Busy]] = []
+    check = HangCheck(lambda: states, LEARNT, clock=lambda: now[0], on_busy=told.append)
+    for t in range(6, 66):
+        alive(states[0], float(t))
+        now[0] = t + 0.25
+        assert check() is None, f"busy alone for {now[0] - 5:g} s"
+    assert told[8] == [], "rank 1 waited 9.25 s: within the limit, nobody waits on anybody yet"
+    assert told[9] == [Busy(0, "host0", 10.25, "writing", 100_000_000, (1,))]
+    assert told[-1] == [Busy(0, "host0", 60.25, "writing", 600_000_000, (1,))]
+    assert told[-1][0].text() == "rank 0 busy alone for 60 s (writing, 600 MB), rank 1 wait"
+    assert states[0].progress.life == 65.0 and states[0].progress.since == 5.0
+    now[0] = 74.9
+    assert check() is None and [b.rank for b in told[-1]] == [0], "read alive 9.9 s ago"
+    now[0] = 75.5
+    assert check() is None and told[-1] == [], "both frozen: the stacks are awaited"
+    check.sample(StackSample(0, ("/job/save.py:12 in write_chunk", "/job/train.py:60 in <module>")))
+    check.sample(StackSample(1, IN_MINDSPORE))
+    now[0] = 75.6
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (0, (1,))
+    assert stall.how == f"its stack is outside MindSpore, {STILL} 11 s"
+    assert stall.silent_for == pytest.approx(10.6), "from rank 0's last sign of life"
+    assert stall.limit == "limit 10 s learnt: 5 x 1 s longest interval, floor 10 s"
+    assert describe_stall(stall, "j").splitlines()[0] == (
+        "npu-launch: job j stopped: rank 0 on host0 hangs: no progress for 11 s (limit 10 s "
+        "learnt: 5 x 1 s longest interval, floor 10 s) while rank(s) 1 wait in MindSpore (its "
+        f"stack is outside MindSpore, {STILL} 11 s)")
+
+
+def test_with_a_hang_timeout_only_progress_counts() -> None:
+    """``--hang-timeout`` limits progress: the same rank 0, read alive, is frozen 10 s after its
+    last progress (a rank spinning without progress is found so), and nobody is busy alone."""
+    states = stepping(2, until=5.0)
+    see(states[1], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    for t in range(6, 16):
+        alive(states[0], float(t))
+    p = states[0].progress
+    assert (LEARNT.life(p), LIMITS.life(p)) == (15.0, 5.0)
+    assert LIMITS.frozen(p, 15.5) and not LEARNT.frozen(p, 15.5)
+    assert busy_alone(states, 15.5, LIMITS) == [] and len(busy_alone(states, 15.5, LEARNT)) == 1
+    stall = judge(states, {}, 15.5, LIMITS)
+    assert (stall.rank, stall.how, stall.silent_for) == (0, "it is not inside a step", 10.5)
+
+
+@pytest.mark.parametrize(("how", "written", "doing"), [
+    ("cpu,io", 1_000_000, "writing, 1 MB"), ("io", 0, "reading"),
+    ("cpu,children", 0, "in a child process"), ("cpu", 0, "computing")])
+def test_busy_alone_says_what_the_rank_does(how: str, written: int, doing: str) -> None:
+    states = stepping(2, until=5.0)
+    see(states[1], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    alive(states[0], 15.0, how=how, written=written)
+    (busy,) = busy_alone(states, 15.6, LEARNT)
+    assert busy.text() == f"rank 0 busy alone for 11 s ({doing}), rank 1 wait"
+    assert busy.to_json() == {"seconds": 10.6, "doing": doing.split(",")[0], "host": "host0",
+                              "bytes_written": written}
+
+
+def test_a_rank_alive_inside_a_call_is_not_busy_alone() -> None:
+    """Inside a framework call only progress counts: a rank waiting in a collective is not
+    alive by its CPU (a reading that came as it entered the call is no sign of life)."""
+    states = stepping(2, until=5.0)
+    for s in states:
+        see(s, contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
+    alive(states[0], 15.0)
+    assert states[0].progress.life == 5.0 and LEARNT.frozen(states[0].progress, 15.5)
+    assert busy_alone(states, 15.5, LEARNT) == []
+
+
+# Compilation -----------------------------------------------------------------------------------
+
+def test_a_compilation_mid_run_has_the_grace() -> None:
+    """Mid-run, rank 0 compiles a graph inside a call (an evaluation network's first call, a new
+    input shape) for 100 s while rank 1 waits inside its next step: past the 10 s limit,
+    within the grace. Its end is progress, and its interval teaches the limit nothing."""
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    last = steps_every(states, 1.2, 0.2, 10)
+    p = states[0].progress
+    see(states[1], contract.EVENT_PROGRESS, last + 0.1, count=states[1].progress.count,
+        busy=True, loads=0)
+    see(states[0], contract.EVENT_PROGRESS, last + 0.1, count=p.count, busy=True, loads=0,
+        compiling=True)
+    assert (p.compiling, p.in_grace, p.since, LEARNT.of(p)) == (True, False, last + 0.1, 100.0), \
+        "a compile beginning is progress: its grace starts then"
+    assert LEARNT.why_for(p) == "--hang-grace 100: compiling"
+    check = HangCheck(lambda: states, LEARNT, clock=lambda: now[0])
+    for t in (20.0, 60.0, 100.0):
+        now[0] = last + t
+        assert check() is None, f"compiling for {t:g} s"
+    assert check.limits.frozen(states[1].progress, now[0]) and check.limits.quiet == 10.0
+    see(states[0], contract.EVENT_PROGRESS, last + 100.05, count=p.count, busy=True, loads=0,
+        compiling=False)
+    assert (p.compiling, p.since, LEARNT.of(p)) == (False, last + 100.05, 10.0)
+    intervals = p.intervals
+    see(states[0], contract.EVENT_PROGRESS, last + 100.2, count=p.count + 1, busy=False, loads=0)
+    assert (p.intervals, p.longest) == (intervals, pytest.approx(0.2))
+    now[0] = last + 111.0  # rank 0 then hangs outside a step: judged by the step limit again
+    check()
+    now[0] = last + 113.1
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting) == (0, (1,))
+    assert stall.limit == "limit 10 s learnt: 5 x 1 s longest interval, floor 10 s"
+
+
+def test_warm_up_calls_then_a_long_compile_at_start_is_no_hang() -> None:
+    """As mindcv starts: after ``init()`` each rank makes a few top-level calls of cells not in
+    training mode (a warm-up all-reduce, an evaluation cell: ``first-step``, the count up,
+    ``trained`` 0), then compiles its training network for 15 minutes inside the call. Before,
+    the first call ended the grace and the compile had the step limit: a hang named at
+    start-up. The grace lasts until the first training step, whether or not the compile is
+    told as one (rank 0's is, rank 1's not)."""
+    limits = Limits(None, 1800.0, Learnt(1.0, 1))
+    now = [0.0]
+    states = [State(r, host=f"host{r}") for r in range(2)]
+    for s in states:
+        see(s, contract.EVENT_INITIALISED, 1.0)
+        see(s, contract.EVENT_FIRST_STEP, 2.0)
+        for n in range(1, 5):
+            see(s, contract.EVENT_PROGRESS, 2.0 + n / 2, count=n, busy=False, loads=0, trained=0)
+        see(s, contract.EVENT_PROGRESS, 4.5, count=4, busy=True, loads=0, trained=0,
+            compiling=s.rank == 0)
+    assert [(s.progress.in_grace, limits.of(s.progress)) for s in states] == [(True, 1800.0)] * 2
+    check = HangCheck(lambda: states, limits, clock=lambda: now[0])
+    for t in (20.0, 300.0, 900.0):
+        now[0] = t
+        assert check() is None, f"compiling for {t:g} s"
+    for s in states:
+        see(s, contract.EVENT_PROGRESS, 905.0, count=5, busy=False, loads=0, trained=1)
+    assert [(s.progress.in_grace, s.progress.intervals, limits.of(s.progress))
+            for s in states] == [(False, 0, 10.0)] * 2, "the first training step ends it"

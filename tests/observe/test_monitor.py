@@ -2,6 +2,7 @@
 real event records (and, once, with the real rank-side writer in another process)."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -20,8 +21,9 @@ import pytest
 from helpers import REPO, exited, feed, wait_for
 
 from launcher.checkpoints.ledger import CheckpointLedger
-from launcher.hangs.hang_limits import Limits
-from launcher.hangs.stalls import HangCheck, Stall, describe_stall
+from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.stack_samples import StackSample
+from launcher.hangs.stalls import Busy, HangCheck, Stall, describe_stall
 from launcher.observe.monitor import JobMonitor
 from launcher.observe.status_display import table_height
 from launcher.run.events import EventTail
@@ -300,36 +302,70 @@ def initialise(monitor: JobMonitor, clock: FakeClock) -> None:
         feed(monitor, record("initialised", rank, clock.now))
 
 
-def test_a_silent_rank_is_named_while_others_advance(weird_tmp: Path) -> None:
+IN_MINDSPORE = ("/py/site-packages/mindspore/graph/api.py:2432 in _exec_pip",
+                "/job/train.py:40 in <module>")
+IN_SLEEP = ("/job/train.py:35 in hang_here", "/job/train.py:39 in <module>")
+
+
+def stacks(behind: HangCheck, hung: int, ranks: tuple[int, ...] = tuple(HOSTS)) -> None:
+    """Every node's stacks as they arrive once every rank is frozen: ``hung`` outside
+    MindSpore, the others waiting inside it."""
+    for rank in ranks:
+        behind.sample(StackSample(rank, IN_SLEEP if rank == hung else IN_MINDSPORE))
+
+
+def test_a_silent_rank_is_named_only_once_every_rank_is_frozen(weird_tmp: Path) -> None:
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
     behind = HangCheck(monitor.rank_states, Limits(30, 30), clock)
     initialise(monitor, clock)
     assert run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 12.0, behind=behind) is None
-    # rank 2 went quiet after step 12 (at t=12); the others go on.
-    assert run_steps(monitor, clock, (0, 1, 3), 13.0, 42.0, behind=behind) is None  # silent 30 s: not yet
-    clock.now = 42.5
+    # rank 2 went quiet after step 12 (at t=12); the others go on: it may be them it waits for.
+    assert run_steps(monitor, clock, (0, 1, 3), 13.0, 60.0, behind=behind) is None
+    for t in (60.5, 72.0, 89.9):  # then they wait for it
+        clock.now = t
+        assert behind() is None
+    clock.now = 90.5
+    assert behind() is None, "every rank frozen: the stacks are awaited"
+    stacks(behind, hung=2)
+    clock.now = 90.6
     stall = behind()
-    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=30.5, timeout=30,
+    assert stall == Stall(rank=2, host="node b", last_step=12, silent_for=pytest.approx(30.6),
+                          timeout=30, waiting=(0, 1, 3),
+                          stacks=((2, IN_SLEEP), (0, IN_MINDSPORE)),
+                          how="its stack is outside MindSpore", framework="MindSpore",
                           limit="--hang-timeout 30")
-    assert describe_stall(stall, "job-1") == (
-        "npu-launch: job job-1 stopped: rank 2 on node b stalled at step 12: no progress for "
-        "30 s while other ranks advanced (--hang-timeout 30)")
+    assert describe_stall(stall, "job-1").splitlines()[:2] == [
+        "npu-launch: job job-1 stopped: rank 2 on node b hangs: no progress for 31 s "
+        "(--hang-timeout 30) while rank(s) 0-1, 3 wait in MindSpore (its stack is outside "
+        "MindSpore)", "  rank 2 is at (most recent call first):"]
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
-        "rank": 2, "host": "node b", "last_step": 12, "silent_for": 30.5, "others_advanced": True,
-        "timeout": 30.0, "also": (), "waiting": (), "stacks": (), "how": "",
-        "limit": "--hang-timeout 30", "framework": "", "count": 0, "left": False}
+        "rank": 2, "host": "node b", "last_step": 12, "silent_for": pytest.approx(30.6),
+        "timeout": 30.0, "also": (), "waiting": (0, 1, 3),
+        "stacks": ((2, IN_SLEEP), (0, IN_MINDSPORE)),
+        "how": "its stack is outside MindSpore", "limit": "--hang-timeout 30",
+        "framework": "MindSpore", "count": 0, "left": False}
 
 
 def test_initialised_counts_as_progress_before_the_first_step(weird_tmp: Path) -> None:
-    clock = FakeClock(0.0)
+    """Rank 3 never steps after ``init()`` while the others do, then wait for it: its
+    ``initialised`` is its last progress, so it is judged with them and named."""
+    clock = FakeClock(100.0)
     monitor = make_monitor(weird_tmp, clock)
     behind = HangCheck(monitor.rank_states, Limits(20, 20), clock)
     initialise(monitor, clock)
-    stall = run_steps(monitor, clock, (0, 1, 2), 1.0, 25.0, behind=behind)
-    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=21.0, timeout=20,
+    assert run_steps(monitor, clock, (0, 1, 2), 101.0, 125.0, behind=behind) is None
+    clock.now = 145.5
+    assert behind() is None, "every rank frozen: the stacks are awaited"
+    stacks(behind, hung=3)
+    clock.now = 145.6
+    stall = behind()
+    assert stall == Stall(rank=3, host="node b", last_step=None, silent_for=pytest.approx(20.6),
+                          timeout=20, waiting=(0, 1, 2),
+                          stacks=((3, IN_SLEEP), (0, IN_MINDSPORE)),
+                          how="its stack is outside MindSpore", framework="MindSpore",
                           limit="--hang-timeout 20")
-    assert "stalled before its first step" in describe_stall(stall, "job-1")
+    assert "rank 3 on node b hangs: no progress for 21 s" in describe_stall(stall, "job-1")
 
 
 def test_no_stall_when_every_rank_is_silent(weird_tmp: Path) -> None:
@@ -610,23 +646,37 @@ def test_live_table_shows_the_ranks_furthest_behind_when_there_are_many(weird_tm
 
 
 def test_a_restarted_job_is_judged_afresh(weird_tmp: Path) -> None:
-    """After a stall and a restart (--max-restarts), the old stall and the old progress do not
-    count: the new attempt is stopped only when a rank falls behind in it."""
+    """After a stall and a restart (--max-restarts), the old stall, the old progress and the
+    old stacks do not count: the new attempt is stopped only when its own ranks are frozen,
+    and by its own stacks (rank 1 this time)."""
     clock = FakeClock(0.0)
     monitor = make_monitor(weird_tmp, clock)
     behind = HangCheck(monitor.rank_states, Limits(10, 10), clock)
     initialise(monitor, clock)
     run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 5.0, behind=behind)
-    assert run_steps(monitor, clock, (0, 1, 3), 6.0, 30.0, behind=behind) is not None
+    clock.now = 15.5
+    behind()
+    stacks(behind, hung=2)
+    clock.now = 15.6
+    first = behind()
+    assert first is not None and first.rank == 2
     for rank in (0, 1, 2, 3):  # the job stops, every rank exits, the job starts again
         exited(monitor, rank, -15, HOSTS)
     monitor.begin_attempt()
     behind.begin_attempt()
     assert behind() is None
     assert run_steps(monitor, clock, (0, 1, 2, 3), clock.now + 1, clock.now + 20, behind=behind) is None
-    stall = run_steps(monitor, clock, (0, 1, 3), clock.now + 1, clock.now + 20, behind=behind)
-    assert stall is not None and stall.rank == 2
-    assert behind.first is not None and behind.first.rank == 2
+    assert run_steps(monitor, clock, (0, 2, 3), clock.now + 1, clock.now + 20, behind=behind) is None
+    stopped = clock.now - 1.0
+    clock.now = stopped + 10.5
+    assert behind() is None, "every rank frozen: the new attempt's stacks are awaited"
+    clock.now = stopped + 10.6
+    assert behind() is None, "the last attempt's stacks are not this one's"
+    stacks(behind, hung=1)
+    clock.now = stopped + 10.7
+    stall = behind()
+    assert stall is not None and (stall.rank, stall.waiting) == (1, (0, 2, 3))
+    assert behind.first == first, "summary.json keeps the first stall seen"
 
 
 def test_a_launch_into_an_earlier_jobs_directory_continues_its_history(weird_tmp: Path) -> None:
@@ -654,3 +704,82 @@ def test_a_launch_into_an_earlier_jobs_directory_continues_its_history(weird_tmp
     assert [r["event"] for r in records if r["event"] in ("job", "attempt")] == [
         "job", "attempt", "job", "attempt"]
     assert [r["step"] for r in records if r["event"] == "step"] == [30, 60]
+
+
+# Ranks busy alone ------------------------------------------------------------------------------
+
+def test_a_rank_busy_alone_is_said_and_its_longest_spell_kept_in_the_summary(
+        weird_tmp: Path) -> None:
+    clock = FakeClock(100.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out)
+    spell = Busy(0, "node-a", 34.0, "writing", 680_000_000, (1, 2, 3))
+    monitor.busy_alone([spell])
+    assert out.getvalue() == "npu-launch: rank 0 busy alone for 34 s (writing, 680 MB), ranks 1-3 wait\n"
+    clock.now = 129.0
+    monitor.busy_alone([dataclasses.replace(spell, seconds=63.0, written=900_000_000)])
+    assert out.getvalue().count("\n") == 1, "while it lasts, a line every 30 s"
+    clock.now = 130.5
+    spell = dataclasses.replace(spell, seconds=64.5, written=1_200_000_000)
+    monitor.busy_alone([spell])
+    assert out.getvalue().splitlines()[-1] == (
+        "npu-launch: rank 0 busy alone for 64 s (writing, 1200 MB), ranks 1-3 wait")
+    clock.now = 131.0
+    monitor.busy_alone([])  # rank 0 stepped on: the spell ended
+    monitor.tick()
+    assert [r for r in metrics(weird_tmp) if r["event"] == contract.EVENT_BUSY_ALONE] == [
+        {"event": "busy-alone", "rank": 0, "host": "node-a", "time": 131.0, "seconds": 64.5,
+         "doing": "writing", "bytes_written": 1_200_000_000}]
+    clock.now = 200.0
+    monitor.busy_alone([Busy(0, "node-a", 12.0, "reading", 0, (1,)),
+                        Busy(2, "node b", 20.0, "in a child process", 0, (0, 1, 3))])
+    assert out.getvalue().splitlines()[-1] == (
+        "npu-launch: rank 0 busy alone for 12 s (reading), rank 1 wait; rank 2 busy alone for "
+        "20 s (in a child process), ranks 0-1, 3 wait"), "a new spell is said at once"
+    summary = monitor.close("succeeded", 0)  # rank 2's spell ends with the job
+    assert summary["busy_alone"] == {
+        "0": {"seconds": 64.5, "doing": "writing", "bytes_written": 1_200_000_000, "host": "node-a"},
+        "2": {"seconds": 20.0, "doing": "in a child process", "bytes_written": 0, "host": "node b"}}
+    assert json.loads((weird_tmp / SUMMARY_FILE).read_text())["busy_alone"] == summary["busy_alone"]
+    quiet = make_monitor(weird_tmp / "quiet", FakeClock()).close("succeeded", 0)
+    assert quiet["busy_alone"] == {}
+
+
+def test_the_hang_check_tells_the_monitor_who_is_busy_alone(weird_tmp: Path) -> None:
+    """The supervisors' ``alive`` readings of rank 0, quiet outside a call while ranks 1-3 wait
+    inside their next step, reach the hang check through the monitor's records: no hang, and
+    the console says who is busy alone, then the summary keeps the spell."""
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out)
+    behind = HangCheck(monitor.rank_states, Limits(None, 100.0, Learnt(1.0, 1)), clock,
+                       on_busy=monitor.busy_alone)
+    initialise(monitor, clock)
+    run_steps(monitor, clock, (0, 1, 2, 3), 1.0, 5.0, behind=behind)
+    for rank in (1, 2, 3):
+        feed(monitor, record("progress", rank, 5.2, count=0, busy=True, loads=0))
+    for t in range(6, 40):
+        clock.now = float(t)
+        feed(monitor, record("alive", 0, clock.now, how="cpu,io", bytes_written=20_000_000,
+                             bytes_read=0))
+        monitor.tick()
+        assert behind() is None, f"rank 0 busy alone for {t - 5} s"
+    lines = [line for line in out.getvalue().splitlines() if "busy alone" in line]
+    assert lines == ["npu-launch: rank 0 busy alone for 11 s (writing, 220 MB), ranks 1-3 wait"], \
+        "said once ranks 1-3 waited past the limit (10 s), then every 30 s"
+    run_steps(monitor, clock, (0, 1, 2, 3), 40.0, 41.0, behind=behind)
+    summary = monitor.close("succeeded", 0)
+    assert summary["busy_alone"] == {"0": {"seconds": 34.0, "doing": "writing",
+                                           "bytes_written": 680_000_000, "host": "node-a"}}
+    assert summary["stall"] is None
+    assert [r["event"] for r in metrics(weird_tmp)].count("alive") == 0
+
+
+def test_the_live_table_says_who_is_busy_alone(weird_tmp: Path) -> None:
+    clock = FakeClock(0.0)
+    out = io.StringIO()
+    monitor = make_monitor(weird_tmp, clock, stream=out, live=True)
+    monitor.busy_alone([Busy(0, "node-a", 34.0, "writing", 680_000_000, (1, 2, 3))])
+    assert "busy alone" not in out.getvalue(), "no line under a live table: its first row says it"
+    monitor.tick()
+    assert "|  rank 0 busy alone for 34 s" in out.getvalue()

@@ -81,20 +81,59 @@ def fed(tmp_path: Path, clock: Clock, events: list[Event]) -> tuple[JobMonitor, 
 def test_the_events_fold_into_one_record_with_every_fact(tmp_path: Path) -> None:
     clock = Clock()
     record = RankRecord()
-    for e in life(0):
+    for e in life(0)[:6]:
+        record.observe(e, e.time)
+    assert (record.called, record.in_grace) == (True, True), "a first call is no training step"
+    for e in life(0)[6:]:
         record.observe(e, e.time)
     assert (record.main_thread, record.frameworks, record.calling_init, record.initialised) == \
         ("0x7f00", frozenset({"mindspore"}), True, True)
     assert (record.step, record.saves_on_stop, record.count, record.in_grace) == (3, True, 4, False)
     assert (record.since, record.stepped_at, record.last_progress) == (20.0, 20.0, 20.0)
     assert record.initialised_time == 12.0, "the second initialised repeats the first"
-    assert (record.intervals, record.longest) == (4, 2.0), "from the first step on; the compile not"
+    assert (record.intervals, record.longest) == (3, 2.0), \
+        "from the first training step on: the compile and the first call not"
     record.observe(event("exited", 0, 21.0, returncode=0), 21.0)
     assert record.phases() == {"process": 0.5, "imports": 1.0, "init": 1.0, "first_step": 3.0,
                                "training": 5.0, "exit": 1.0}
     monitor, _ = fed(tmp_path / "m", clock, [*life(0), event("exited", 0, 21.0, returncode=0)])
     seen = {s.rank: s.progress for s in monitor.rank_states()}
     assert seen[0] == record, "the monitor's record is the same fold"
+
+
+def test_life_is_the_last_progress_or_outside_a_call_the_last_reading_that_it_moved(
+        tmp_path: Path) -> None:
+    """A supervisor's ``alive`` readings of a quiet rank fold into the same record: outside a
+    framework call they are its last sign of life (``life``), with what moved and how much it
+    wrote since its last progress; inside one only progress counts. The monitor folds them
+    for the hang check alone: they are no rank's last event, and metrics.jsonl keeps none."""
+    record = RankRecord()
+    assert record.life is None
+    for e in life(0):
+        record.observe(e, e.time)
+    record.observe(event("alive", 0, 22.0, how="io", bytes_written=300, bytes_read=7), 22.0)
+    record.observe(event("alive", 0, 23.0, how="cpu,io", bytes_written=200), 23.0)
+    assert (record.since, record.alive_at, record.life) == (20.0, 23.0, 23.0)
+    assert (record.alive_how, record.quiet_written) == ("cpu,io", 500)
+    record.observe(event("alive", 0, 24.0), 24.0)
+    assert (record.alive_how, record.quiet_written, record.life) == ("cpu,io", 500, 24.0)
+    record.observe(event("progress", 0, 25.0, count=4, busy=True, loads=0), 25.0)
+    assert record.life == 20.0, "inside a call only progress tells"
+    record.observe(event("alive", 0, 26.0, how="cpu"), 26.0)
+    assert record.life == 20.0
+    record.observe(event("progress", 0, 27.0, count=5, busy=False, loads=0), 27.0)
+    assert (record.life, record.alive_how, record.quiet_written) == (27.0, "", 0), \
+        "progress: its next quiet spell starts afresh"
+    assert record.intervals == 3, "an interval read alive is no step's pace"
+
+    clock = Clock()
+    monitor, _ = fed(tmp_path, clock, [*life(0), event("alive", 0, 22.0, how="children",
+                                                       bytes_written=0, bytes_read=0)])
+    state = monitor.rank_states()[0]
+    assert (state.progress.life, state.progress.alive_how, state.last_event) == (
+        22.0, "children", "step")
+    monitor.close("succeeded", 0)
+    assert "alive" not in (tmp_path / METRICS_FILE).read_text()
 
 
 def test_with_min_nodes_a_failure_inside_init_is_restarted_by_the_culprits_own_events(
