@@ -301,10 +301,15 @@ class Event:
         return cls(kind=kind, rank=rank, host=_text(get("host")) or "?", record=record, **typed)
 
     @classmethod
-    def exited(cls, rank: int, host: str, returncode: Optional[int], time: float) -> "Event":
-        """The supervisor's record that a rank's process ended."""
-        return cls.parse({"event": EVENT_EXITED, "rank": rank, "host": host,
-                          "returncode": returncode, "time": time}) or cls(EVENT_EXITED, rank)
+    def exited(cls, rank: int, host: str, returncode: Optional[int], time: float,
+               stopped: bool = False) -> "Event":
+        """The supervisor's record that a rank's process ended; ``stopped``: it ended once
+        npu-launch had begun stopping the ranks (its teardown's SIGTERM), not on its own."""
+        record: dict[str, Any] = {"event": EVENT_EXITED, "rank": rank, "host": host,
+                                  "returncode": returncode, "time": time}
+        if stopped:
+            record["stopped"] = True
+        return cls.parse(record) or cls(EVENT_EXITED, rank)
 
 
 _FIELDS = {"time": _real, "step": _whole, "epoch": _whole, "steps": _whole, "samples": _whole,

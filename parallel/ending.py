@@ -9,8 +9,9 @@
   handler, whoever registered it and when: ``atexit`` runs the last registered first, so a
   handler the script registers late would otherwise run, and maybe never return, before it.
   Where that function is missing, ``atexit`` sends it, as late as the hook can register it. MindSpore sometimes faults
-  in its own exit handler after a clean end (its communication threads race its teardown): the
-  launcher then counts the rank as finished, not failed (``RankRecord.teardown_crash``). A
+  in its own exit handler after a clean end (its communication threads race its teardown), or
+  its cluster kills the rank there with SIGTERM once a peer left first: the launcher then
+  counts the rank as finished, not failed (``RankRecord.teardown_crash``). A
   script that raises ``SystemExit`` itself, without ``sys.exit``, is taken at its word only
   when it exits normally: ``atexit`` cannot see the code it gave.
 

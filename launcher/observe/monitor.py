@@ -44,7 +44,7 @@ from launcher.observe.job_state import LIVENESS, JobState, RankState
 from launcher.observe.startup import describe, job_phases
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
 from launcher.observe.summary_records import AttemptEntry
-from launcher.ranks.record import RankRecord
+from launcher.ranks.record import FRAMEWORK_STOP, RankRecord
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
 from parallel import contract
@@ -57,6 +57,19 @@ _LIVE_INTERVAL = 1.0
 _PLAIN_INTERVAL = 10.0
 _BUSY_EVERY = 30.0
 """Seconds between two lines saying that a rank is still busy alone."""
+
+
+_FAULT_IN_TEARDOWN = ("died in its exit handlers after its script ended cleanly (a fault in the "
+                      "framework's teardown; the stacks are at the end of its log)")
+_STOPPED_BY_FRAMEWORK = ("killed in its exit handlers after its script ended cleanly, by a "
+                         "signal npu-launch did not send (MindSpore's cluster ends a rank so "
+                         "once a peer left it first: 'Kill this process with SIGTERM' in its log)")
+
+
+def _counted(crashes: Sequence[tuple[int, str, str]], why: str) -> str:
+    """One line for ranks (rank, host, signal) that died in their exit handlers, not failed."""
+    said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)
+    return f"npu-launch: counted as exited 0: {said}: {why}"
 
 
 class JobMonitor:
@@ -229,20 +242,18 @@ class JobMonitor:
             self._lingered = (tuple(ranks), limit)
 
     def teardown_note(self) -> Optional[str]:
-        """Lines for ranks of this attempt that died of a fault in their exit handlers after a
-        clean end of their script (``RankRecord.teardown_crash``), or were stopped there
+        """Lines for ranks of this attempt that died of a fault, or of a SIGTERM npu-launch did
+        not send, in their exit handlers after a clean end of their script
+        (``RankRecord.teardown_crash``), or were stopped there
         (``stopped_in_exit``): not failures; else None."""
         with self._lock:
             crashes = [(rank, state.host, name) for rank, state in sorted(self._state.ranks.items())
                        if (name := state.progress.teardown_crash())]
             stuck, limit = self._lingered
             hosts = {rank: state.host for rank, state in self._state.ranks.items()}
-        lines = []
-        if crashes:
-            said = "; ".join(f"rank {rank} on {host} ({name})" for rank, host, name in crashes)
-            lines.append(f"npu-launch: counted as exited 0: {said}: died in its exit handlers "
-                         "after its script ended cleanly (a fault in the framework's teardown; "
-                         "the stacks are at the end of its log)")
+        lines = [_counted(group, why) for group, why in (
+            ([c for c in crashes if c[2] != FRAMEWORK_STOP.name], _FAULT_IN_TEARDOWN),
+            ([c for c in crashes if c[2] == FRAMEWORK_STOP.name], _STOPPED_BY_FRAMEWORK)) if group]
         if stuck:
             said = "; ".join(f"rank {rank} on {hosts.get(rank, '?')}" for rank in stuck)
             lines.append(f"npu-launch: counted as exited 0: {said}: still in its exit handlers "

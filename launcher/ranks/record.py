@@ -47,6 +47,11 @@ PHASES = ("process", "imports", "init", "first_step", "training", "exit")
 FAULTS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
 """The signals of a process's own fault: a rank killed by one after a clean end of its script
 died in its exit handlers (``RankRecord.teardown_crash``)."""
+FRAMEWORK_STOP = signal.SIGTERM
+"""What MindSpore's cluster kills a rank with once its scheduler says a node timed out, or
+cannot be reached (``cluster/init.cc``: "Kill this process with SIGTERM."), whatever the rank
+is doing: in the exit handlers of a rank whose script ended cleanly, after a peer left the
+cluster first, it is no failure (``RankRecord.teardown_crash``) unless npu-launch sent it."""
 
 
 _DAY = 86400.0
@@ -61,8 +66,9 @@ class RankRecord:
     ``saves_on_stop`` and ``answers_last_words`` (said in a fit's first step: a
     ``Model.train`` rank saves on a stop only), ``finished``, ``ended_cleanly`` (its exit
     handlers began after a clean end of the script: ``exiting``); and its supervisor: ``exited``
-    with ``exit_code`` (a signal's negative, as Popen reports it). ``script_ended_at``: when
-    its script ended (``exiting``, else its exit), on the folder's clock.
+    with ``exit_code`` (a signal's negative, as Popen reports it), ``stopped`` (it exited once
+    npu-launch had begun stopping the ranks). ``script_ended_at``: when its script ended
+    (``exiting``, else its exit), on the folder's clock.
 
     Marks, on the rank's clock (seconds since the epoch): ``spawned`` (the kernel's start of the
     process), ``started_time``, ``init_started_time``, ``initialised_time``, ``first_step_time``,
@@ -89,6 +95,7 @@ class RankRecord:
     ended_cleanly: Optional[bool] = None
     exited: bool = False
     exit_code: Optional[int] = None
+    stopped: bool = False
     script_ended_at: Optional[float] = None
 
     spawned: Optional[float] = None
@@ -161,13 +168,16 @@ class RankRecord:
         return bool(self.ended_cleanly) or (self.exited and self.exit_code == 0)
 
     def teardown_crash(self) -> Optional[str]:
-        """The fault signal's name when the rank's exit says it died of one after its script
-        ended cleanly: in its exit handlers (MindSpore's teardown races its own threads), its
-        work done. None otherwise."""
+        """The signal's name when the rank's exit says it died of one in its exit handlers,
+        after its script ended cleanly, its work done: a fault (MindSpore's teardown races its
+        own threads) or a SIGTERM that npu-launch did not send (``FRAMEWORK_STOP``). None
+        otherwise: a signal before the end of the script is a failure, whoever sent it."""
         code = self.exit_code
-        if not self.ended_cleanly or code is None or code >= 0 or -code not in FAULTS:
+        if not self.ended_cleanly or code is None or code >= 0:
             return None
-        return signal.Signals(-code).name
+        if -code in FAULTS or (-code == FRAMEWORK_STOP and not self.stopped):
+            return signal.Signals(-code).name
+        return None
 
     def phases(self) -> dict[str, Optional[float]]:
         """Seconds per phase (``PHASES``); None where a mark is missing. Training ends at the
@@ -316,6 +326,7 @@ def _exiting(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 def _exited(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.exited, r.exit_code = True, event.returncode
+    r.stopped = event.record.get("stopped") is True
     r.exited_time = event.time
     r.script_ended_at = r.script_ended_at or now
     last = event.record.get("last_progress")  # metrics.jsonl keeps no progress events

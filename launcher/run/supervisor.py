@@ -84,6 +84,9 @@ class LocalRanks:
         clock) and their exits: what the start-up timeout and ``StallWatch`` read."""
         self._failures: list[Failure] = []
         self._exits: list[Exit] = []
+        self._scheduler_after_scripts: list[Exit] = []
+        """The scheduler's end, not 0, once every rank's script had ended well: said, not
+        counted (``_after_every_script``)."""
         self._stuck: list[ProcessSpec] = []
         self._stuck_at: dict[int, tuple[str, ...]] = {}
         self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
@@ -169,6 +172,7 @@ class LocalRanks:
         if self._looks is not None and self._looks.due(time.time()):
             self._look_for_hookless(group)
         self._report_exits(exits)
+        self._scheduler_after_scripts += [e for e in exits if not e.ok and self._after_every_script(e)]
         self._failures = [Failure.from_exit(e) for e in exits if self._failed(e)] + _reported(group)
         if self._failures:
             return Outcome.FAILED
@@ -227,7 +231,7 @@ class LocalRanks:
         self._read_events()
         for tail in self._tails.values():
             tail.close()
-        self._report_exits(exits)
+        self._report_exits(exits, stopped=True)
 
     def failed_before(self, at: float) -> Optional[JobResult]:
         """A failure of this node's ranks that began before ``at`` (``time.time()``: its error
@@ -255,8 +259,13 @@ class LocalRanks:
                                time=now))
 
     def finished(self, elapsed: float) -> str:
-        return (f"npu-launch: job {self._plan.job_id} finished: {len(self._tails)} rank(s) "
-                f"exited 0 in {elapsed:.1f} s; logs in {self._plan.log_dir}")
+        lines = [f"npu-launch: job {self._plan.job_id} finished: {len(self._tails)} rank(s) "
+                 f"exited 0 in {elapsed:.1f} s; logs in {self._plan.log_dir}"]
+        lines += [f"npu-launch: not counted as a failure: the scheduler on {e.spec.host} "
+                  f"{Failure.from_exit(e).how()} after every rank's script ended cleanly "
+                  f"(MindSpore's scheduler does so once a node left the cluster without "
+                  f"finalising; {e.spec.log_path})" for e in self._scheduler_after_scripts]
+        return "\n".join(lines)
 
     def finish(self) -> None:
         """Node 0 says every node's ranks are done: the scheduler is no longer needed."""
@@ -267,11 +276,13 @@ class LocalRanks:
     def _host(self) -> str:
         return self._specs[0].host if self._specs else "?"
 
-    def _report_exits(self, exits: list[Exit]) -> None:
+    def _report_exits(self, exits: list[Exit], stopped: bool = False) -> None:
+        """``stopped``: the exits of ``close``, which signals every process still running;
+        those the loop polled happened before npu-launch signalled any rank."""
         for exit_ in exits:
             if exit_.spec.rank is not None:
                 self._fold(Event.exited(exit_.spec.rank, exit_.spec.host, exit_.returncode,
-                                        exit_.time))
+                                        exit_.time, stopped))
 
     def _announce_ranks_done(self) -> None:
         if not self._ranks_done_sent:
@@ -304,11 +315,21 @@ class LocalRanks:
             self._start_scheduler()
 
     def _failed(self, exit_: Exit) -> bool:
-        """Whether an exit fails the job: not 0, and not a crash in the exit handlers of a rank
-        whose script had ended cleanly (its record has the exit already; node 0's monitor says
-        so in a line of its own)."""
+        """Whether an exit fails the job: not 0, and not a death in the exit handlers of a rank
+        whose script had ended cleanly (``RankRecord.teardown_crash``: its record has the exit
+        already; node 0's monitor says so in a line of its own)."""
+        if exit_.ok or self._after_every_script(exit_):
+            return False
         record = self._records.get(exit_.spec.rank) if exit_.spec.rank is not None else None
-        return not exit_.ok and (record is None or record.teardown_crash() is None)
+        return record is None or record.teardown_crash() is None
+
+    def _after_every_script(self, exit_: Exit) -> bool:
+        """Whether ``exit_`` is the scheduler's, once the script of every rank of the job (all
+        of them here) had ended well: MindSpore's scheduler fails when a node left the cluster
+        without finalising, even after the work is done, and kills the ranks still in their
+        exit handlers (``RankRecord.teardown_crash``): whichever goes first, the job is done."""
+        return exit_.spec.role is Role.SCHEDULER and len(self._records) == self._plan.world_size \
+            and all(r.ended_well for r in self._records.values())
 
     def _stuck_ranks(self, group: ProcessGroup) -> list[ProcessSpec]:
         return sorted((s for s in group.running() if s.rank is not None

@@ -10,6 +10,9 @@ step an all-reduce of one number through rank 0, so a rank that stops stops the 
 --fail-rank R: rank R raises after init.  --segfault-rank R: rank R reads address 0 after init.
 --segfault-at-exit R: rank R reads address 0 as the interpreter tears down, after its exit
 handlers (as MindSpore sometimes does in its own), ending by sys.exit(C) with --exit-code C.
+--sigterm-at-exit R: rank R's exit handler waits until its peer's end of the link closes (the
+peer left), then the rank is killed by SIGTERM, as MindSpore's cluster kills a rank whose peer
+left it first ("Kill this process with SIGTERM."); with --exit-code C after sys.exit(C).
 --linger-at-exit R: rank R's exit handlers never return after its script ends (MindSpore's
 finalisation waiting on a cluster that is gone): registered after init, the last of all, so it
 runs before any other (``atexit`` runs the last registered first).
@@ -52,6 +55,7 @@ parser.add_argument("--segfault-at-exit", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=None)
 parser.add_argument("--linger-after-raise", type=float, default=0)
 parser.add_argument("--linger-at-exit", type=int, default=-1)
+parser.add_argument("--sigterm-at-exit", type=int, default=-1)
 parser.add_argument("--child", type=int, default=-1)
 parser.add_argument("--hang-before-init", type=int, default=-1)
 parser.add_argument("--sleep-after-init", type=float, default=0)
@@ -188,5 +192,13 @@ if rank == args.segfault_at_exit:
             ctypes.string_at(0)
 
     at_exit = Teardown()  # a module global: deleted as the interpreter clears the modules
+    if args.exit_code is not None:
+        sys.exit(args.exit_code)
+if rank == args.sigterm_at_exit:
+    def killed_once_the_peer_left() -> None:
+        peers[0].recv(1)  # b"" once the peer's process is gone
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    atexit.register(killed_once_the_peer_left)
     if args.exit_code is not None:
         sys.exit(args.exit_code)

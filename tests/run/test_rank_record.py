@@ -267,6 +267,30 @@ def _local_ranks(tmp_path: Path) -> tuple[LocalRanks, list[ProcessSpec], Recorde
     return ranks, specs, reporter
 
 
+def test_the_schedulers_end_after_every_script_ended_well_is_no_failure(tmp_path: Path) -> None:
+    """MindSpore's scheduler exits 1 once a node left the cluster without finalising, and kills
+    the ranks still in their exit handlers with SIGTERM: whichever the supervisor sees first,
+    once every rank's script ended well the job succeeded and one line says so; while a
+    script runs, the scheduler's end is a failure."""
+    scheduler = ProcessSpec(Role.SCHEDULER, None, "h", 0, None, None,
+                            str(tmp_path / "scheduler.log"), {}, ("python",))
+    (tmp_path / "running").mkdir()
+    (tmp_path / "ended").mkdir()
+    running, specs, _ = _local_ranks(tmp_path / "running")
+    _write(specs[0].events_path, {"event": "exiting", "rank": 0, "clean": True, "time": 1.0})
+    assert running.check(Running(specs), [Exit(scheduler, 999, 1, 2.0)]) is Outcome.FAILED, \
+        "rank 1's script runs"
+    ranks, specs, _ = _local_ranks(tmp_path / "ended")
+    _write(specs[0].events_path, {"event": "exiting", "rank": 0, "clean": True, "time": 1.0})
+    assert ranks.check(Running(specs[:1]), [Exit(specs[1], 1001, 0, 2.0)]) is None
+    assert ranks.check(Running(specs[:1]), [Exit(scheduler, 999, 1, 3.0)]) is None
+    assert ranks.check(Running([]), [Exit(specs[0], 1000, -15, 4.0)]) is Outcome.SUCCEEDED
+    assert ranks.finished(5.0).splitlines()[1] == (
+        "npu-launch: not counted as a failure: the scheduler on h exited with code 1 after every "
+        "rank's script ended cleanly (MindSpore's scheduler does so once a node left the cluster "
+        f"without finalising; {scheduler.log_path})")
+
+
 def _write(path: str, *records: dict) -> None:
     with open(path, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
@@ -307,19 +331,22 @@ def test_an_agent_stopped_just_after_its_rank_failed_reports_the_failure(tmp_pat
     assert result.cause is not None and (result.cause.rank, result.cause.time) == (0, 10.0)
 
 
-def test_only_a_fault_after_a_clean_end_is_a_crash_in_the_teardown() -> None:
+def test_only_a_fault_or_a_sigterm_not_ours_after_a_clean_end_is_a_death_in_the_teardown(
+        ) -> None:
     record = RankRecord()
 
-    def crash(code: Optional[int]) -> Optional[str]:
-        record.observe(Event.exited(0, "h", code, 1.0))
+    def crash(code: Optional[int], stopped: bool = False) -> Optional[str]:
+        record.observe(Event.exited(0, "h", code, 1.0, stopped))
         return record.teardown_crash()
 
-    assert crash(-11) is None, "no exiting event: the script may not have ended"
+    assert crash(-11) is None and crash(-15) is None, "no exiting event: the script may not have ended"
     record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": False}))
-    assert crash(-11) is None, "an exception or sys.exit(3) came first"
+    assert crash(-11) is None and crash(-15) is None, "an exception or sys.exit(3) came first"
     record.observe(Event.parse({"event": "exiting", "rank": 0, "host": "h", "clean": True}))
     assert [crash(code) for code in (-11, -6, -7, -9, -15, 0, 1, 139, None)] == [
-        "SIGSEGV", "SIGABRT", "SIGBUS", None, None, None, None, None, None]
+        "SIGSEGV", "SIGABRT", "SIGBUS", None, "SIGTERM", None, None, None, None]
+    assert crash(-15, stopped=True) is None, "npu-launch's own teardown sent it"
+    assert crash(-11, stopped=True) == "SIGSEGV", "a fault is the rank's own, whenever it comes"
 
 
 def _ended(clean: Optional[bool], at: float, exit_code: Optional[int] = None) -> RankRecord:

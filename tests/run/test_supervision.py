@@ -149,6 +149,31 @@ def test_a_crash_after_a_clean_end_counts_as_finished_and_says_so(weird_tmp: Pat
     assert_no_job_processes(job)
 
 
+@pytest.mark.parametrize("exit_code", [None, 3])
+def test_a_sigterm_npu_launch_did_not_send_after_a_clean_end_counts_as_finished(
+        weird_tmp: Path, exit_code) -> None:
+    """Rank 1 leaves first; rank 0, in its exit handlers, is then killed by SIGTERM, as
+    MindSpore's cluster kills a rank once a peer left it first (its scheduler reports the peer
+    timed out, or is gone: "Kill this process with SIGTERM."). Before, the job failed, exit 143,
+    though every script had ended cleanly; now it succeeds with one line that says so. After
+    ``sys.exit(3)`` the SIGTERM is the failure it always was."""
+    job = f"sigterm-at-exit-{exit_code}"
+    proc = _launch(weird_tmp, job, "--sigterm-at-exit", "0",
+                   *(("--exit-code", str(exit_code)) if exit_code is not None else ()))
+    out, err = proc.communicate(timeout=120)
+    assert len(set(checksums(out).values())) == 1, out
+    if exit_code is None:
+        assert proc.returncode == 0, err
+        assert (f"npu-launch: counted as exited 0: rank 0 on {socket.gethostname()} (SIGTERM): "
+                "killed in its exit handlers after its script ended cleanly, by a signal "
+                "npu-launch did not send") in err, err
+        assert _root_cause(weird_tmp) is None
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "rank 0 on" in err and "killed by SIGTERM" in err and "counted as" not in err, err
+    assert_no_job_processes(job)
+
+
 def test_a_rank_stuck_in_its_exit_handlers_after_every_script_ended_is_stopped_as_done(
         weird_tmp: Path) -> None:
     """Training done, checkpoints saved, and a rank that never leaves its exit handlers (as
