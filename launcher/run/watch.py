@@ -143,12 +143,15 @@ class Watch:
 
     def request_stop(self, signum: int) -> None:
         """Stop the job as if ``signum`` had reached the launcher (any thread may call this)."""
+        self._note_stop(signum)
+        self._wake.set()
+
+    def _note_stop(self, signum: int) -> None:
         if self._signal is None:
             self.stop_requested_at = time.time()
             self._signal = signum
         else:  # a second signal: stop now, saved or not
             self._stop_by = 0.0
-        self._wake.set()
 
     def _loop(self) -> Outcome:
         while True:
@@ -196,7 +199,11 @@ class Watch:
         return previous
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.request_stop(signum)
+        # Python runs a handler on the loop's own thread, between two bytecodes: maybe inside
+        # the wake event's wait or clear, which hold its lock. That lock is not reentrant:
+        # setting the event here would wait for it forever, and nothing would stop the ranks.
+        # The loop sees the request within a tick (a wait the signal cut short resumes).
+        self._note_stop(signum)
 
 
 SignalHandlers = dict[signal.Signals, Any]
@@ -223,16 +230,16 @@ def wait_unless_signalled(seconds: float) -> Optional[int]:
     or None."""
     if seconds <= 0:
         return None
-    woken = threading.Event()
     received: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)
-        woken.set()
+        received.append(signum)  # no lock here: see ``Watch._on_signal``
 
     previous: SignalHandlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    deadline = time.monotonic() + seconds
     try:
-        woken.wait(seconds)
+        while not received and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, _TICK))
     finally:
         restore_signal_handlers(previous)
     return received[0] if received else None

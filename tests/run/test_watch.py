@@ -9,7 +9,10 @@ their exit handlers end it as a success, closing the group stops them.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -129,6 +132,33 @@ def test_a_real_signal_to_the_launcher_is_a_stop_request() -> None:
     result = watch.run()
     assert result.exit_code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before, "the handlers are put back"
+
+
+_SIGNALLED_HOLDING_THE_WAKE_LOCK = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from test_watch import FakeSource, _watch
+
+class Signalled(FakeSource):
+    def check(self, group, exits):
+        with self.wake._cond:  # what the event's own wait and clear hold
+            os.kill(os.getpid(), signal.SIGTERM)
+            [n for n in range(3)]  # the handler runs here, between two bytecodes
+        return super().check(group, exits)
+
+print(_watch(Signalled(None))[0].run().exit_code)
+"""
+
+
+def test_a_signal_while_the_loop_holds_its_wake_events_lock_still_stops_the_job() -> None:
+    """In CI a launcher was still up 120 s after its SIGTERM, its ranks alive: the handler ran
+    on the loop's thread while that thread held the wake event's lock (inside the event's wait
+    or clear), set the event, and waited for the lock forever. Here the signal comes exactly
+    then, in a child process: a loop that hangs must not hang the tests."""
+    child = subprocess.run([sys.executable, "-c", _SIGNALLED_HOLDING_THE_WAKE_LOCK,
+                            str(Path(__file__).parent)], capture_output=True, text=True,
+                           timeout=60)
+    assert child.stdout.split() == [str(128 + signal.SIGTERM)], child.stderr
 
 
 def test_a_stall_from_the_tick_ends_the_job_as_a_hang() -> None:
