@@ -58,8 +58,10 @@ class _Counters:
         self.trained = 0
         """Top-level calls of a Cell (or Module) in training mode that completed: training steps,
         told from a toolkit's warm-up collectives and evaluation cells, which end no grace."""
-        self.compiling = 0
-        """The main thread is inside MindSpore's graph compilation (depth of nested compiles)."""
+        self.compile_calls = 0
+        """Calls of MindSpore's executors' ``compile`` the main thread is inside (nested)."""
+        self.compiling = False
+        """The main thread is inside a graph compilation (``compile_begins``)."""
         self.reporter: "threading.Thread | None" = None
 
 
@@ -87,12 +89,30 @@ def counting_call(real: Callable[..., Any]) -> Callable[..., Any]:
             raise
         state.depth = 0
         state.calls += 1
-        if getattr(args[0] if args else None, "training", False) is True:
+        if args and _trains(args[0]):
             state.trained += 1
         if state.calls == 1:
             events.emit(contract.EVENT_FIRST_STEP)
         return result
     return functools.update_wrapper(counted, real)
+
+
+_TRAINING_KINDS = frozenset({"TrainOneStepCell", "TrainOneStepWithLossScaleCell", "Optimizer"})
+"""Cells whose call is a training step whether or not the script called ``set_train()``
+(``TrainOneStepCell`` does not set it; a functional loop's optimizer call updates the weights)."""
+_kinds: dict[type, bool] = {}
+
+
+def _trains(obj: Any) -> bool:
+    """Whether calling ``obj`` (a top-level call's first argument) is a training step: a Cell
+    or Module in training mode, or one of ``_TRAINING_KINDS`` (by class, looked up once)."""
+    if getattr(obj, "training", False) is True:
+        return True
+    kind = type(obj)
+    known = _kinds.get(kind)
+    if known is None:
+        known = _kinds[kind] = any(k.__name__ in _TRAINING_KINDS for k in kind.__mro__)
+    return known
 
 
 def counting_next(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,21 +165,39 @@ def in_section(kind: str, real: Callable[..., Any]) -> Callable[..., Any]:
 
 def compiling(real: Callable[..., Any]) -> Callable[..., Any]:
     """MindSpore's graph compilation (``_CellGraphExecutor.compile``, ``_JitExecutor.compile``):
-    while the main thread is inside, the launcher allows the compile grace, whenever in the run
-    it comes (an evaluation network's first call, a new input shape, a recompilation)."""
+    once it finds no compiled graph (``compile_begins``) until it returns, the launcher allows
+    the compile grace, whenever in the run it comes (an evaluation network's first call, a new
+    input shape, a recompilation). Most calls find the graph and return at once; in PyNative a
+    ``@jit`` function's call first waits for the queued operators (a collective among them),
+    which is no compilation."""
     state = _state
     get_ident = threading.get_ident
 
     def compile(*args: Any, **kwargs: Any) -> Any:
         if get_ident() != state.main:
             return real(*args, **kwargs)
-        state.compiling += 1
-        _ensure_reporter()
+        state.compile_calls += 1
         try:
             return real(*args, **kwargs)
         finally:
-            state.compiling -= 1
+            state.compile_calls -= 1
+            if not state.compile_calls:
+                state.compiling = False
     return functools.update_wrapper(compile, real)
+
+
+def compile_begins(real: Callable[..., Any]) -> Callable[..., Any]:
+    """The executors' ``_set_compile_cache_dep_files``, which MindSpore calls only once a
+    compile found no graph to reuse, right before it compiles one: the compilation begins."""
+    state = _state
+    get_ident = threading.get_ident
+
+    def begins(*args: Any, **kwargs: Any) -> Any:
+        if state.compile_calls and get_ident() == state.main:
+            state.compiling = True
+            _ensure_reporter()
+        return real(*args, **kwargs)
+    return functools.update_wrapper(begins, real)
 
 
 Snapshot = tuple[int, bool, int, str, int, int, bool]
@@ -169,7 +207,7 @@ def snapshot(state: Optional[_Counters] = None) -> Snapshot:
     """(count, busy, loads, section, sections, trained, compiling) now."""
     state = state or _state
     return (state.calls + state.batches, state.depth > 0 or state.raised, state.loads,
-            state.section, state.sections, state.trained, state.compiling > 0)
+            state.section, state.sections, state.trained, state.compiling)
 
 
 def _ensure_reporter() -> None:

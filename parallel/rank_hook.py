@@ -304,6 +304,8 @@ def _patch_graph_api_timed(module: Any) -> None:
     _patch_graph_api(module)
     for executor in (module._CellGraphExecutor, module._JitExecutor):
         executor.compile = progress.compiling(executor.compile)
+        executor._set_compile_cache_dep_files = progress.compile_begins(
+            executor._set_compile_cache_dep_files)
 
 
 _INIT_HOOK: dict[str, Callable[[Any], None]] = {

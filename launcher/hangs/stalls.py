@@ -119,9 +119,11 @@ def describe_stall(stall: Stall, job_id: str) -> str:
         else:
             names = ", ".join(f"rank {r}" for r in (stall.rank, *stall.also))
             where = f" in {stall.framework}" if stall.framework else ""
+            got = (f"; it stopped at step {stall.last_step}" if stall.last_step is not None
+                   else f"; it stopped after {stall.count} counted calls" if stall.count else "")
             head = (f"npu-launch: job {job_id} stopped: {names} on {stall.host} hangs: no "
                     f"progress for {window} while rank(s) {_ranks(stall.waiting)} wait{where}"
-                    + (f" ({stall.how})" if stall.how else ""))
+                    + (f" ({stall.how})" if stall.how else "") + got)
     lines = [head]
     for rank, frames in stall.stacks:
         lines.append(f"  rank {rank} is at (most recent call first):")

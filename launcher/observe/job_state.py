@@ -145,7 +145,9 @@ class JobState:
         """Fold one event in (``exited`` is the supervisor's, not what the rank last said)."""
         state = self._rank(event.rank, event.host)
         state.progress.observe(event, seen_at)
-        if event.kind in LIVENESS or event.kind == EVENT_EXITED:
+        if event.kind == contract.EVENT_BUSY_ALONE:  # the monitor's, not the rank's last word
+            _on_busy_alone(self, state, event, seen_at)
+        if event.kind in LIVENESS or event.kind in (EVENT_EXITED, contract.EVENT_BUSY_ALONE):
             return
         state.last_event, state.seen_at = event.kind, seen_at
         state.last_event_time = event.time
@@ -247,5 +249,4 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
     contract.EVENT_FINISHED: _on_finished,
     contract.EVENT_EVAL: _on_eval,
     contract.EVENT_DATA: _on_data,
-    contract.EVENT_BUSY_ALONE: _on_busy_alone,
 }

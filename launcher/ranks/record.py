@@ -23,7 +23,7 @@ hangs inside its next step made its last progress when the step before it ended.
 The hang check's grace (``in_grace``: from ``initialised`` until the rank's first training
 step, and again from a checkpoint load), whether it compiles a graph now (``compiling``), the
 quiet intervals it learns from (``longest``, ``intervals``: steps and counts outside grace,
-sections and compilations; ``section_longest``: each kind of section) and the supervisors'
+sections and compilations, busy spells included; ``section_longest``: each kind of section) and the supervisors'
 readings that a quiet rank is not frozen (``alive`` events: ``alive_at``, ``life``) are folded
 here too, from the same events.
 
@@ -202,10 +202,8 @@ class RankRecord:
     def _stepped(self, event: Event, now: Optional[float]) -> None:
         """A step or a higher count outside grace and sections: ends a quiet interval."""
         if now is not None:
-            # A spell busy alone (read as alive) or a compilation is no step's pace.
-            busy_alone = self.alive_at is not None and self.alive_at > (self.since or now)
-            if not self.in_grace and self.since is not None and not self.compiled \
-                    and not busy_alone:
+            # An interval that held a compilation says nothing of the steps' pace.
+            if not self.in_grace and self.since is not None and not self.compiled:
                 self.longest = max(self.longest, now - self.since)
                 self.intervals += 1
             self.stepped_at = now

@@ -338,7 +338,7 @@ def test_a_silent_rank_is_named_only_once_every_rank_is_frozen(weird_tmp: Path) 
     assert describe_stall(stall, "job-1").splitlines()[:2] == [
         "npu-launch: job job-1 stopped: rank 2 on node b hangs: no progress for 31 s "
         "(--hang-timeout 30) while rank(s) 0-1, 3 wait in MindSpore (its stack is outside "
-        "MindSpore)", "  rank 2 is at (most recent call first):"]
+        "MindSpore); it stopped at step 12", "  rank 2 is at (most recent call first):"]
     assert monitor.close("stalled", 1, stall=behind.first)["stall"] == {
         "rank": 2, "host": "node b", "last_step": 12, "silent_for": pytest.approx(30.6),
         "timeout": 30.0, "also": (), "waiting": (0, 1, 3),

@@ -124,7 +124,7 @@ def test_life_is_the_last_progress_or_outside_a_call_the_last_reading_that_it_mo
     record.observe(event("progress", 0, 27.0, count=5, busy=False, loads=0), 27.0)
     assert (record.life, record.alive_how, record.quiet_written) == (27.0, "", 0), \
         "progress: its next quiet spell starts afresh"
-    assert record.intervals == 3, "an interval read alive is no step's pace"
+    assert (record.intervals, record.longest) == (4, 7.0), "a spell busy alone is learnt too"
 
     clock = Clock()
     monitor, _ = fed(tmp_path, clock, [*life(0), event("alive", 0, 22.0, how="children",
