@@ -31,6 +31,9 @@ CPU = ("--device", "cpu", "--cards", "2")
 FLOOR = ("--hang-floor", "1")
 EPISODE_S = 4
 ALONE_ON_RANK_0 = ("write", "npsave", "pickle", "tar", "cp", "eval", "upload")
+FIRST = 100
+"""The first episode's step: 2 s of GRAPH steps, several intervals to learn the limit from
+(progress is reported at most twice a second); until one is seen the limit is 600 s."""
 
 
 def _busy_job(logs: Path, job: str, *script_args: str, options: tuple[str, ...] = FLOOR) -> dict:
@@ -47,10 +50,10 @@ def _busy_job(logs: Path, job: str, *script_args: str, options: tuple[str, ...] 
 
 
 def _episodes() -> list[str]:
-    """Rank 0 alone, one kind after the other every 3 steps from step 5, then every rank's
+    """Rank 0 alone, one kind after the other every 3 steps from ``FIRST``, then every rank's
     recompilation for a new shape, then rank 1's slow data source."""
-    alone = [f"{kind}:0:{5 + 3 * n}:{EPISODE_S}" for n, kind in enumerate(ALONE_ON_RANK_0)]
-    last = 5 + 3 * len(ALONE_ON_RANK_0)
+    alone = [f"{kind}:0:{FIRST + 3 * n}:{EPISODE_S}" for n, kind in enumerate(ALONE_ON_RANK_0)]
+    last = FIRST + 3 * len(ALONE_ON_RANK_0)
     alone += [f"shape:0:{last}:0", f"slowdata:1:{last + 3}:{EPISODE_S}"]
     return [arg for spec in alone for arg in ("--alone", spec)]
 
@@ -61,18 +64,19 @@ def test_a_rank_busy_alone_between_steps_is_no_hang(weird_tmp: Path) -> None:
     learnt as an interval between steps: the limit would then grow to 5 x the spell, and the
     episodes after it would prove nothing."""
     logs = weird_tmp / "logs"
-    summary = _busy_job(logs, "busy-loop", "--graph", "--steps", "30", *_episodes())
+    summary = _busy_job(logs, "busy-loop", "--graph", "--steps", str(FIRST + 35), *_episodes())
     assert "0" in summary["busy_alone"], summary["busy_alone"]
-    longest = json.loads((logs / LEARNT_FILE).read_text())["longest"]
-    assert 5 * longest < EPISODE_S, f"a busy spell was learnt as a step interval: {longest} s"
+    learnt = json.loads((logs / LEARNT_FILE).read_text())
+    assert learnt["intervals"] > 0, "no limit was learnt: the episodes were judged by 600 s"
+    assert 5 * learnt["longest"] < EPISODE_S, f"a busy spell was learnt as a step interval: {learnt}"
 
 
 def test_a_model_train_callback_busy_alone_is_no_hang(weird_tmp: Path) -> None:
-    """``Model.train`` in PyNative mode: rank 0's callback writes a file after a step and
-    evaluates (PyNative) at the end of the first epoch."""
-    summary = _busy_job(weird_tmp / "logs", "busy-model", "--style", "model", "--steps", "6",
-                        "--epochs", "2", "--alone", f"write:0:2:{EPISODE_S}", "--alone",
-                        f"eval:0:5:{EPISODE_S}")
+    """``Model.train`` in PyNative mode (steps of about 70 ms): rank 0's callback writes a file
+    after step 25 and evaluates (PyNative) at the end of the first epoch."""
+    summary = _busy_job(weird_tmp / "logs", "busy-model", "--style", "model", "--steps", "30",
+                        "--epochs", "2", "--alone", f"write:0:25:{EPISODE_S}", "--alone",
+                        f"eval:0:29:{EPISODE_S}")
     assert "0" in summary["busy_alone"], summary["busy_alone"]
 
 
