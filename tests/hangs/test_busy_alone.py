@@ -68,7 +68,8 @@ def test_a_rank_busy_alone_between_steps_is_no_hang(weird_tmp: Path) -> None:
     assert "0" in summary["busy_alone"], summary["busy_alone"]
     learnt = json.loads((logs / LEARNT_FILE).read_text())
     assert learnt["intervals"] > 0, "no limit was learnt: the episodes were judged by 600 s"
-    assert 5 * learnt["longest"] < EPISODE_S, f"a busy spell was learnt as a step interval: {learnt}"
+    # A spell lasts EPISODE_S; a step's interval, even on a loaded machine, well under it.
+    assert learnt["longest"] < EPISODE_S - 1, f"a busy spell was learnt as a step interval: {learnt}"
 
 
 def test_a_model_train_callback_busy_alone_is_no_hang(weird_tmp: Path) -> None:
