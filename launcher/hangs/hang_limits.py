@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from launcher.files import read_json
 from launcher.ranks.record import RankRecord
@@ -152,6 +152,12 @@ class Limits:
         life = self.life(progress)
         return life is not None and now - life > self.of(progress)
 
+    def busy_alone(self, progress: RankRecord, now: float) -> bool:
+        """Whether ``progress``'s rank is quiet past its limit but alive: busy alone (saving,
+        evaluating, uploading) while the others wait for it."""
+        return progress.since is not None and now - progress.since > self.of(progress) \
+            and not self.frozen(progress, now)
+
     def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
         if (progress.in_grace or progress.compiling) and self.grace > self.quiet:
@@ -159,6 +165,37 @@ class Limits:
         if progress.section and not progress.in_grace and not progress.compiling:
             return f"limit {_seconds(self.of(progress))} s inside a {progress.section}"
         return self.why
+
+
+class Lessons:
+    """What the limits learn from the ranks' records as they go, less the intervals that held a
+    spell busy alone (``Limits.busy_alone``): the ranks that waited for rank 0's hour-long save
+    did not step at that pace, and a limit of 5 hours would name the next hang in hours. Each
+    reader of records keeps its own (node 0's ``HangCheck``, each node's ``StallWatch``); a new
+    attempt's records start afresh (``begin_attempt``), what was learnt stays."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}
+        self._busy_at: Optional[float] = None
+
+    def begin_attempt(self) -> None:
+        self._seen.clear()
+
+    def learn(self, limits: Limits, records: Mapping[int, RankRecord], now: float) -> Limits:
+        """``limits`` with the intervals ``records`` ended since the last call (the last of
+        each rank's: they come at most twice a second, and this is called as often)."""
+        if any(limits.busy_alone(p, now) for p in records.values()):
+            self._busy_at = now
+        learnt = Learnt()
+        for rank, p in records.items():
+            latest = 0.0
+            if p.intervals > self._seen.get(rank, 0):
+                self._seen[rank] = p.intervals
+                began = (p.stepped_at or now) - p.latest
+                if self._busy_at is None or began > self._busy_at:
+                    latest = p.latest
+            learnt = learnt.merge(Learnt(latest, p.intervals, p.section_longest))
+        return limits.learning(learnt)
 
 
 def _seconds(value: float, digits: int = 3) -> str:

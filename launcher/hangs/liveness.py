@@ -18,7 +18,7 @@ A socket's ``send``/``recv`` is not counted in ``/proc/PID/io``; the main thread
 still moves while an upload goes on. A rank whose main thread waits while another of its
 threads works (an upload thread it joins) reads as frozen: see ``docs/guides/hangs.md``.
 
-``LifeWatch`` reads only ranks that made no progress for ``QUIET_AFTER`` seconds and are
+``LifeWatch`` reads only ranks that made no progress for ``INTERVAL`` seconds and are
 outside a framework call (inside one, life is progress alone: a rank waiting in a collective
 is not judged by its CPU), at most every ``INTERVAL`` seconds, so a job that steps costs
 nothing; what moved becomes an ``alive`` event for node 0 (``contract.EVENT_ALIVE``).
@@ -35,11 +35,8 @@ from parallel import contract
 from parallel.contract import Event
 
 INTERVAL = 1.0
-"""Seconds between two readings of a quiet rank."""
-
-
-QUIET_AFTER = 1.0
-"""Seconds without progress before a rank's process is read at all."""
+"""Seconds between two readings of a quiet rank, and without progress before a rank is read at
+all; less under a low ``--hang-floor`` (``every``): a rank is read twice before it is judged."""
 
 
 _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 10_000_000
@@ -138,14 +135,16 @@ def _io(pid: int) -> Optional[tuple[int, int]]:
 
 
 class LifeWatch:
-    """On each node: the ranks here that made no progress for ``QUIET_AFTER`` seconds and are
-    outside a framework call are read every ``INTERVAL`` seconds (``read``); each that moved
-    since its previous reading gives an ``alive`` event. ``rested`` drops the previous readings
+    """On each node: the ranks here that made no progress for ``every`` seconds and are outside a
+    framework call are read every ``every`` seconds (``read``); each that moved since its
+    previous reading gives an ``alive`` event. ``rested`` drops the previous readings
     of ranks whose stacks were just dumped (the dump itself runs the main thread and writes)."""
 
-    def __init__(self, records: Mapping[int, RankRecord], host: str) -> None:
+    def __init__(self, records: Mapping[int, RankRecord], host: str,
+                 every: float = INTERVAL) -> None:
         self._records = records
         self._host = host
+        self._every = every
         self._readings: dict[int, Reading] = {}
         self._next = 0.0
 
@@ -153,7 +152,7 @@ class LifeWatch:
         """The ``alive`` events of the ranks of ``pids`` (rank -> pid) that moved."""
         if now < self._next:
             return []
-        self._next = now + INTERVAL
+        self._next = now + self._every
         quiet = {rank: pid for rank, pid in pids.items() if self._quiet(rank, now)}
         for rank in set(self._readings) - set(quiet):
             del self._readings[rank]  # it stepped meanwhile: its next quiet spell starts afresh
@@ -179,7 +178,7 @@ class LifeWatch:
     def _quiet(self, rank: int, now: float) -> bool:
         record = self._records.get(rank)
         return record is not None and record.since is not None and not record.busy \
-            and not record.script_ended and now - record.since >= QUIET_AFTER
+            and not record.script_ended and now - record.since >= self._every
 
     def _event(self, rank: int, how: tuple[str, ...], reading: Reading, before: Reading) -> Event:
         record = {"event": contract.EVENT_ALIVE, "rank": rank, "host": self._host,

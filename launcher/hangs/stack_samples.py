@@ -19,7 +19,7 @@ import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from launcher.files import read_text, write_text
-from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.hang_limits import Lessons, Limits
 from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.contract import Event
@@ -40,6 +40,10 @@ _FRAMEWORKS = (("MindSpore", _folder("mindspore"), _folder("mindspore", "dataset
                ("torch", _folder("torch"), _folder("torch", "utils", "data")))
 """(name, where its files are, where its data pipeline's are): a main thread whose innermost
 frame is in the framework but not its data pipeline waits in a step or a collective."""
+
+
+_CHECK_EVERY = 0.25
+"""Seconds between two looks at this node's ranks (the watch loop ticks every 20 ms)."""
 
 
 _DUMP_WAIT = 0.5
@@ -83,12 +87,14 @@ class StallWatch:
     def __init__(self, limits: Limits, records: Mapping[int, RankRecord]) -> None:
         self.limits = limits
         self._records = records
+        self._lessons = Lessons()
         self._next_check = 0.0
 
     def due(self, running: Sequence[int], now: float) -> bool:
         if not running or now < self._next_check:
             return False
-        self.limits = self.limits.learning(Learnt.of(self._records.values()))
+        self._next_check = now + _CHECK_EVERY
+        self.limits = self._lessons.learn(self.limits, self._records, now)
         progress = [self._records.get(r) for r in running]
         if any(p is None or not self.limits.frozen(p, now) for p in progress):
             return False

@@ -39,7 +39,7 @@ import time
 from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from launcher.console_lines import runs_text
-from launcher.hangs.hang_limits import Learnt, Limits
+from launcher.hangs.hang_limits import Lessons, Limits
 from launcher.hangs.stack_samples import StackSample
 from launcher.ranks.record import RankRecord
 
@@ -239,6 +239,7 @@ class HangCheck:
         self.limits = limits
         self._clock = clock
         self._on_busy = on_busy
+        self._lessons = Lessons()
         self._next_check = 0.0
         self._due: Optional[float] = None
         self._samples: dict[int, tuple[float, StackSample]] = {}
@@ -246,6 +247,7 @@ class HangCheck:
         self.first: Optional[Stall] = None
 
     def begin_attempt(self) -> None:
+        self._lessons.begin_attempt()
         self._stall, self._next_check, self._due = None, 0.0, None
         self._samples.clear()
 
@@ -258,7 +260,8 @@ class HangCheck:
         if self._stall is None and now >= self._next_check:
             self._next_check = now + _CHECK_INTERVAL
             states = list(self._states())
-            self.limits = self.limits.learning(Learnt.of(s.progress for s in states))
+            self.limits = self._lessons.learn(self.limits, {s.rank: s.progress for s in states},
+                                              now)
             self._stall = self._check(states, now)
             if self._due is not None:  # awaiting the nodes' stacks: look again soon
                 self._next_check = min(self._next_check, now + 0.05)

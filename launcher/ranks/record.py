@@ -134,6 +134,8 @@ class RankRecord:
     """Bytes it (and its child processes) wrote since its last progress, as read."""
     longest: float = 0.0
     """The longest quiet interval ended by a step or a count, outside grace and sections."""
+    latest: float = 0.0
+    """The last such interval (``stepped_at`` ended it)."""
     intervals: int = 0
     section_longest: tuple[tuple[str, float], ...] = ()
 
@@ -204,7 +206,8 @@ class RankRecord:
         if now is not None:
             # An interval that held a compilation says nothing of the steps' pace.
             if not self.in_grace and self.since is not None and not self.compiled:
-                self.longest = max(self.longest, now - self.since)
+                self.latest = now - self.since
+                self.longest = max(self.longest, self.latest)
                 self.intervals += 1
             self.stepped_at = now
         self._progressed(event, now)

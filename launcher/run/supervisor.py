@@ -23,8 +23,7 @@ from typing import Callable, Mapping, Optional, TextIO
 from launcher.config.launch_config import ConsoleFilter
 from launcher.files import remove
 from launcher.hangs.hang_limits import Limits
-from launcher.hangs.liveness import LifeWatch
-from launcher.hangs.stack_samples import Stacks, StackSample, StallWatch, sample_stacks
+from launcher.hangs.node_watch import NodeWatch
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec, Role, StartMode
 from launcher.ranks.record import RankRecord
 from launcher.run import hookless
@@ -89,14 +88,13 @@ class LocalRanks:
         counted (``_after_every_script``)."""
         self._stuck: list[ProcessSpec] = []
         self._stuck_at: dict[int, tuple[str, ...]] = {}
-        self._natives: Optional[threading.Thread] = None  # py-spy's dumps, once stacks were read
-        limits = Limits(plan.timeouts.hang, plan.timeouts.hang_grace,
-                        floor=plan.timeouts.hang_floor)
         # Nobody sits at a pdb prompt against a clock (``--debug``).
-        self._stalls = StallWatch(limits, self._records) if limits.on and not plan.foreground \
-            else None
-        self._life = LifeWatch(self._records, self._host) \
-            if self._stalls is not None and limits.timeout is None else None
+        limits = Limits(0.0 if plan.foreground else plan.timeouts.hang, plan.timeouts.hang_grace,
+                        floor=plan.timeouts.hang_floor)
+        self._hangs = NodeWatch(limits, self._records,
+                                {r: s.stack_path for r, s in self._by_rank.items()},
+                                {r: s.host for r, s in self._by_rank.items()},
+                                self._fold, self._reporter.event)
         self._finish = threading.Event()
         self._wake = threading.Event()
         self._ranks_done_sent = False
@@ -176,13 +174,9 @@ class LocalRanks:
         self._failures = [Failure.from_exit(e) for e in exits if self._failed(e)] + _reported(group)
         if self._failures:
             return Outcome.FAILED
-        if self._stalls is not None:  # a rank whose script ended waits in its exit handlers
-            running = {rank: pid for rank, pid in self._running_ranks(group).items()
-                       if not self._records[rank].script_ended}
-            for alive in self._life.read(running, time.time()) if self._life else ():
-                self._fold(alive)  # whether a quiet rank here is frozen or busy alone
-            if self._stalls.due(sorted(running), time.time()):
-                self._send_stacks(running)
+        # A rank whose script ended waits in its exit handlers: no hang.
+        self._hangs.look({rank: pid for rank, pid in self._running_ranks(group).items()
+                          if not self._records[rank].script_ended})
         if all(r.exited for r in self._records.values()):
             self._announce_ranks_done()
             if self._scheduler_done(group):
@@ -197,34 +191,12 @@ class LocalRanks:
         self._stuck = self._stuck_ranks(group)
         if outcome is Outcome.STARTUP_TIMEOUT and self._stuck:
             stuck = {s.rank: group.pids[s.label] for s in self._stuck if s.rank is not None}
-            samples = self._send_stacks(stuck)
+            samples = self._hangs.send_stacks(stuck)
             self._stuck_at = {r: sample.frames for r, sample in samples.items()}
-        # py-spy's native stacks are read before any rank is signalled, and no py-spy outlives
-        # the job (each is bounded by its own timeout).
-        if self._natives is not None:
-            self._natives.join()
+        self._hangs.join()
 
     def _running_ranks(self, group: ProcessGroup) -> dict[int, int]:
         return {s.rank: group.pids[s.label] for s in group.running() if s.rank is not None}
-
-    def _send_stacks(self, ranks: Mapping[int, int]) -> dict[int, StackSample]:
-        """Read the stacks of ``ranks`` (rank -> pid), keep them in their stack files and send
-        them to node 0 (py-spy's native stacks follow from a thread when they are ready);
-        the main threads' samples."""
-        paths = {r: self._by_rank[r].stack_path for r in ranks if self._by_rank[r].stack_path}
-        threads = {rank: r.main_thread for rank, r in self._records.items() if r.main_thread}
-        stacks, natives = sample_stacks(ranks, paths, threads)
-        if self._life is not None:  # the dump ran each main thread and wrote its stack file
-            self._life.rested(ranks)
-        self._report_stacks(stacks)
-        self._natives = threading.Thread(target=lambda: self._report_stacks(natives()),
-                                         name="native-stacks", daemon=True)
-        self._natives.start()
-        return {rank: read.sample for rank, read in stacks.items()}
-
-    def _report_stacks(self, stacks: Mapping[int, Stacks]) -> None:
-        for rank, read in stacks.items():
-            self._reporter.event(read.event(self._by_rank[rank].host))
 
     def after_close(self, exits: list[Exit]) -> None:
         self._exits += exits

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import pytest
 from helpers import alive, wait_for
 
-from launcher.hangs.liveness import INTERVAL, QUIET_AFTER, LifeWatch, Reading, read_rank, sessions_now
+from launcher.hangs.liveness import INTERVAL, LifeWatch, Reading, read_rank, sessions_now
 from launcher.ranks.record import RankRecord
 from parallel import contract
 from parallel.contract import Event
@@ -190,8 +190,8 @@ def test_the_watch_reads_quiet_ranks_outside_a_call_and_forgets_rested_ones(star
     time.sleep(0.2)
     assert [e.rank for e in read(now + 3 * INTERVAL)] == [0]
     progress(0, now + 3.5 * INTERVAL)
-    assert read(now + 4 * INTERVAL) == [], f"progress less than {QUIET_AFTER:g} s ago"
-    at = now + 3.5 * INTERVAL + QUIET_AFTER + INTERVAL
+    assert read(now + 4 * INTERVAL) == [], f"progress less than {INTERVAL:g} s ago"
+    at = now + 3.5 * INTERVAL + INTERVAL + INTERVAL
     assert read(at) == [], "a new quiet spell: its first reading"
     time.sleep(0.2)
     assert [e.rank for e in read(at + INTERVAL)] == [0]

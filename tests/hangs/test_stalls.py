@@ -786,3 +786,30 @@ def test_warm_up_calls_then_a_long_compile_at_start_is_no_hang() -> None:
         see(s, contract.EVENT_PROGRESS, 905.0, count=5, busy=False, loads=0, trained=1)
     assert [(s.progress.in_grace, s.progress.intervals, limits.of(s.progress))
             for s in states] == [(False, 0, 10.0)] * 2, "the first training step ends it"
+
+
+def test_a_spell_busy_alone_teaches_the_limit_nothing_for_any_rank() -> None:
+    """Rank 0 writes alone for 40 s (read alive), rank 1 waits inside its next step: both then
+    step on. Neither interval is learnt, at node 0 or on a node (one ``Lessons`` each): the
+    limit stays that of the steps, and a later long step (no spell) is learnt as usual."""
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
+    last = steps_every(states, 1.5, 0.5, 4)
+    now[0] = last + 0.1
+    assert check() is None and check.limits.quiet == 10.0
+    see(states[1], contract.EVENT_PROGRESS, last + 0.2, count=states[1].progress.count,
+        busy=True, loads=0)
+    for t in range(2, 41):
+        alive(states[0], last + t, how="io", written=20_000_000)
+        now[0] = last + t + 0.5
+        assert check() is None, f"busy alone for {t} s"
+    steps_every(states, last + 41, 0.5, 3)
+    now[0] = last + 43
+    check()
+    assert {s.progress.longest for s in states} >= {41.0}, "the records hold the spell"
+    assert check.limits.quiet == 10.0, "but the limit did not learn it"
+    steps_every(states, last + 47, 0.5, 1)  # a slow step: 5 s, no spell
+    now[0] = last + 47.1
+    check()
+    assert check.limits.learnt.longest == pytest.approx(5.0) and check.limits.quiet == 25.0
