@@ -152,12 +152,6 @@ class Limits:
         life = self.life(progress)
         return life is not None and now - life > self.of(progress)
 
-    def busy_alone(self, progress: RankRecord, now: float) -> bool:
-        """Whether ``progress``'s rank is quiet past its limit but alive: busy alone (saving,
-        evaluating, uploading) while the others wait for it."""
-        return progress.since is not None and now - progress.since > self.of(progress) \
-            and not self.frozen(progress, now)
-
     def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
         if (progress.in_grace or progress.compiling) and self.grace > self.quiet:
@@ -169,10 +163,11 @@ class Limits:
 
 class Lessons:
     """What the limits learn from the ranks' records as they go, less the intervals that held a
-    spell busy alone (``Limits.busy_alone``): the ranks that waited for rank 0's hour-long save
-    did not step at that pace, and a limit of 5 hours would name the next hang in hours. Each
-    reader of records keeps its own (node 0's ``HangCheck``, each node's ``StallWatch``); a new
-    attempt's records start afresh (``begin_attempt``), what was learnt stays."""
+    wait: a rank frozen past its limit while another lived on (rank 0 saving, evaluating or
+    uploading alone, the others waiting for it in the next collective). They did not step at
+    that pace, and after an hour's save a limit of 5 hours would name the next hang in hours.
+    Each reader of records keeps its own (node 0's ``HangCheck``, each node's ``StallWatch``);
+    a new attempt's records start afresh (``begin_attempt``), what was learnt stays."""
 
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}
@@ -184,7 +179,8 @@ class Lessons:
     def learn(self, limits: Limits, records: Mapping[int, RankRecord], now: float) -> Limits:
         """``limits`` with the intervals ``records`` ended since the last call (the last of
         each rank's: they come at most twice a second, and this is called as often)."""
-        if any(limits.busy_alone(p, now) for p in records.values()):
+        frozen = [limits.frozen(p, now) for p in records.values()]
+        if any(frozen) and not all(frozen):
             self._busy_at = now
         learnt = Learnt()
         for rank, p in records.items():
