@@ -11,6 +11,10 @@ ranks, then is shown once as ``[vm:0-7] text`` (ranks grouped by host: ``[a:0-1 
 soon as every shown rank has printed it. Lines leave in the order they first came, so each rank's
 lines keep their order; a rank that says the same thing twice is two lines. ``--no-merge-lines``
 shows every line as it comes. Nothing here touches the log files.
+
+Attempts: each line carries its attempt, and lines of two attempts are never merged. When a
+restart begins, what still waits is shown at once (``flush``), before the restart line; the
+console tags a line of an attempt that is over (``[vm:0-1 attempt 0] text``).
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ WINDOW = 0.25
 _RUNTIME_LOG = re.compile(rb"^\[(DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][0-9a-fA-F]+,")
 """MindSpore's C++ (``DISTRIBUTED(pid,thread hex,...``) and Python (``ME(pid:thread,...``) logs."""
 
-Write = Callable[[bytes, bytes], None]
-"""``write_line(prefix, line)`` of the console."""
+Write = Callable[[str, int, bytes], None]
+"""``write_rank_line(label, attempt, line)`` of the console (``launcher.run.output.Console``),
+which shows ``[label] line`` and tags a line of an attempt that is over."""
 
 
 def is_runtime_chatter(line: bytes) -> bool:
@@ -40,6 +45,8 @@ class _Pending:
     since: float
     ranks: dict[int, str]
     """rank -> host"""
+    attempt: int
+    """The attempt of the ranks that printed it: lines of two attempts are never merged."""
 
 
 class RankLines:
@@ -59,22 +66,28 @@ class RankLines:
         self._closed = False
         self._thread: Optional[threading.Thread] = None
 
-    def show(self, host: str, rank: int, line: bytes) -> None:
-        """One line of ``rank`` on ``host``, without its prefix."""
+    def show(self, host: str, rank: int, line: bytes, attempt: int = 0) -> None:
+        """One line of ``rank`` on ``host`` in ``attempt``, without its prefix."""
         if not self._runtime_logs and is_runtime_chatter(line):
             return
         if not self._merge or self._closed:
-            self._write(f"[{host}:{rank}] ".encode(), line)
+            self._write(f"{host}:{rank}", attempt, line)
             return
         with self._lock:
             for pending in self._queue:
-                if pending.text == line and rank not in pending.ranks:
+                if pending.text == line and rank not in pending.ranks \
+                        and pending.attempt == attempt:
                     pending.ranks[rank] = host
                     break
             else:
-                self._queue.append(_Pending(line, self._clock(), {rank: host}))
+                self._queue.append(_Pending(line, self._clock(), {rank: host}, attempt))
             self._flush_due(self._clock())
         self._start()
+
+    def flush(self) -> None:
+        """Show what waits now (an attempt ends: its lines go before the restart line)."""
+        with self._lock:
+            self._flush_due(float("inf"))
 
     def close(self) -> None:
         """Show what still waits; later lines are shown as they come."""
@@ -101,7 +114,7 @@ class RankLines:
             if len(head.ranks) < self._ranks and now - head.since < WINDOW:
                 return
             self._queue.pop(0)
-            self._write(f"[{label(head.ranks)}] ".encode(), head.text)
+            self._write(label(head.ranks), head.attempt, head.text)
 
 
 def label(ranks: dict[int, str]) -> str:

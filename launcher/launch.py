@@ -174,6 +174,7 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         last = point
         first_line = result.message.splitlines()[0] if result.message else result.outcome.value
         waited = policy.wait_before(again)
+        console.begin_attempt(again)  # the old attempt's lines before this line, or tagged
         err.write(f"npu-launch: restart {again} of {policy.max_restarts}"
                   f"{f' in {waited:g} s' if waited else ''} after: "
                   f"{first_line.removeprefix('npu-launch: ')}\n")
@@ -267,7 +268,7 @@ def _console(job: Job, config: LaunchConfig, out: TextIO) -> Console:
     shown = config.console.ranks
     count = len(shown) if shown is not None else job.plan.world_size
     console = Console(out.buffer)
-    console.show_rank_lines(RankLines(console.write_line, count, config.merge_lines,
+    console.show_rank_lines(RankLines(console.write_rank_line, count, config.merge_lines,
                                       config.runtime_logs))
     return console
 

@@ -9,8 +9,8 @@ class Screen:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def write(self, prefix: bytes, line: bytes) -> None:
-        self.lines.append((prefix + line).decode())
+    def write(self, label: str, attempt: int, line: bytes) -> None:
+        self.lines.append(f"[{label}] {line.decode()}")
 
 
 def test_alike_lines_leave_once_complete_and_in_first_come_order() -> None:
@@ -55,3 +55,4 @@ def test_runtime_chatter_is_told_apart_and_unmerged_lines_pass_at_once() -> None
     view.show("vm", 1, b"[ERROR] ME(1:2,MainProcess):x")
     view.show("vm", 0, b"hello")
     assert screen.lines == ["[vm:1] [ERROR] ME(1:2,MainProcess):x", "[vm:0] hello"]
+

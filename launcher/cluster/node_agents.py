@@ -23,7 +23,7 @@ from launcher.config.launch_config import ConsoleFilter
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec
 from launcher.run.failures import Cause, JobResult, Outcome, exit_code_of, last_lines_block
 from launcher.run.last_words import Asker
-from launcher.run.output import Console
+from launcher.run.output import Console, mark_attempt
 from launcher.run.process import Exit, ProcessGroup
 from launcher.run.watch import FaultHook, Reporter, StopHook, Watch
 from parallel.contract import Event
@@ -52,10 +52,11 @@ class AgentLaunch:
 
 
 class StreamedLogs:
-    """Node 0's copy of every rank's log, written from the lines the agents stream back."""
+    """Node 0's copy of every rank's log, written from the lines the agents stream back; an
+    attempt's lines below its mark (``output.mark_attempt``) where the copy has earlier ones."""
 
-    def __init__(self, log_dir: str) -> None:
-        self._log_dir = log_dir
+    def __init__(self, plan: LaunchPlan) -> None:
+        self._plan = plan
         self._files: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -63,8 +64,9 @@ class StreamedLogs:
         with self._lock:
             f = self._files.get(rank)
             if f is None:
-                f = self._files[rank] = open(
-                    os.path.join(self._log_dir, f"rank_{rank}.log"), "ab", buffering=0)
+                path = os.path.join(self._plan.log_dir, f"rank_{rank}.log")
+                mark_attempt(path, self._plan.job_id, self._plan.restart, time.time())
+                f = self._files[rank] = open(path, "ab", buffering=0)
             f.write(line + b"\n")
 
     def close(self) -> None:
@@ -88,7 +90,7 @@ class NodeAgents:
         self._filter = console_filter
         self._console = console
         self._reporter = reporter
-        self._logs = StreamedLogs(plan.log_dir)
+        self._logs = StreamedLogs(plan)
         self._results: list[JobResult] = []
         self._nodes_done: set[int] = set()
         self._lock = threading.Lock()
@@ -158,7 +160,7 @@ class NodeAgents:
             return [r for r in self._results if r.failed]
 
     def _line_sink(self, agent: ProcessSpec) -> Callable[[bytes], None]:
-        agent_sink = self._console.sink(agent.label)
+        agent_sink = self._console.sink(agent.label, self._plan.restart)
 
         def sink(line: bytes) -> None:
             if line.startswith(control.MARK):  # an agent's own; a rank's lines start "[host:rank]"
@@ -174,7 +176,7 @@ class NodeAgents:
             self._logs.write(rank, line[match.end():])
             if self._filter.shows(rank):
                 self._console.rank_line(match.group(1).decode(errors="replace"), rank,
-                                        line[match.end():])
+                                        line[match.end():], self._plan.restart)
         return sink
 
     def _on_control(self, message: Optional[control.Message]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 from launcher.files import read_json
 from launcher.hangs.stalls import Stall
 from launcher.plan.launch_plan import ProcessSpec
-from launcher.run.output import tail
+from launcher.run.output import tail, this_attempt
 from launcher.run.process import Exit
 
 LOG_TAIL_LINES = 15
@@ -223,7 +223,8 @@ _ERROR_MARKS = (b"[ERROR]", b"[CRITICAL]")
 
 def error_lines(path: str, limit: int = ERROR_LINES) -> list[str]:
     """The first ``limit`` lines of MindSpore's ``[ERROR]`` or ``[CRITICAL]`` level in the last
-    ``_ERROR_SCAN_BYTES`` of a log (a rank's log can be large: this reads a bounded piece)."""
+    ``_ERROR_SCAN_BYTES`` of a log (a rank's log can be large: this reads a bounded piece), of
+    the current attempt only (an earlier attempt's errors are not this failure's)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -232,7 +233,7 @@ def error_lines(path: str, limit: int = ERROR_LINES) -> list[str]:
     except OSError:
         return []
     found = []
-    for raw in data.split(b"\n"):
+    for raw in this_attempt(data).split(b"\n"):
         if raw.lstrip().startswith(_ERROR_MARKS):
             found.append(raw.rstrip(b"\r").decode(errors="replace"))
             if len(found) == limit:

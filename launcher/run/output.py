@@ -5,6 +5,12 @@ rank wrote it (progress bars with ``\\r`` included). The console gets ``[host:ra
 in one call under a lock, so lines of different ranks never interleave mid-line. Text without a
 newline (a progress bar, a prompt) is shown once it has sat unchanged for a moment, and a
 carriage-return-rewritten line shows its latest state, at most once a second.
+
+Attempts: every rank line carries the attempt (``NPU_LAUNCH_RESTART``) whose process printed it.
+Once the console is told a restart begins (``Console.begin_attempt``, just before the launcher
+prints ``restart K of N``), a line of an earlier attempt, which a pump still behind on a
+dying rank's last output may show later, says so: ``[vm:1 attempt 0] line``. In the rank's log,
+each attempt's output after the first begins below a line of its own (``attempt_mark``).
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ LineSink = Callable[[bytes], None]
 class RankLinesView(Protocol):
     """``console_lines.RankLines`` as the console uses it."""
 
-    def show(self, host: str, rank: int, line: bytes) -> None: ...
+    def show(self, host: str, rank: int, line: bytes, attempt: int = 0) -> None: ...
+
+    def flush(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -42,38 +50,62 @@ class Console:
         self._lock = threading.Lock()
         self._rank_lines: Optional[RankLinesView] = None
         self._lost = False
+        self._attempt = 0
+        """The attempt whose lines go without saying so; an earlier one's are tagged."""
 
     def show_rank_lines(self, view: "RankLinesView") -> None:
         self._rank_lines = view
 
-    def rank_sink(self, host: str, rank: int) -> LineSink:
-        """Where a rank's lines go to be shown as ``[host:rank] line``."""
+    def rank_sink(self, host: str, rank: int, attempt: int = 0) -> LineSink:
+        """Where the lines of ``rank`` in ``attempt`` go to be shown as ``[host:rank] line``."""
         if self._rank_lines is None:
-            return self.sink(f"{host}:{rank}")
+            return self.sink(f"{host}:{rank}", attempt)
         view = self._rank_lines
-        return lambda line: view.show(host, rank, line)
+        return lambda line: view.show(host, rank, line, attempt)
 
-    def rank_line(self, host: str, rank: int, line: bytes) -> None:
+    def rank_line(self, host: str, rank: int, line: bytes, attempt: int = 0) -> None:
         """One line of a rank that reached node 0 already split off its ``[host:rank]``."""
         if self._rank_lines is None:
-            self.write_line(f"[{host}:{rank}] ".encode(), line)
+            self.write_rank_line(f"{host}:{rank}", attempt, line)
         else:
-            self._rank_lines.show(host, rank, line)
+            self._rank_lines.show(host, rank, line, attempt)
+
+    def begin_attempt(self, attempt: int) -> None:
+        """Before the launcher says ``restart K of N``: the lines waiting to be merged are shown
+        (they are the ending attempt's), and from now on any line of an attempt before
+        ``attempt`` says which it is from (``write_rank_line``). The old processes' pumps were
+        joined as their group closed, for a bounded time; what they show later is tagged."""
+        if self._rank_lines is not None:
+            self._rank_lines.flush()
+        with self._lock:
+            self._attempt = attempt
 
     def close(self) -> None:
         """Show whatever rank lines still wait to be merged."""
         if self._rank_lines is not None:
             self._rank_lines.close()
 
+    def write_rank_line(self, label: str, attempt: int, line: bytes) -> None:
+        """``[label] line``, or ``[label attempt K] line`` when attempt K is over (a restart
+        began since): the check and the write under one lock, so a line shown after the
+        restart line is always tagged."""
+        with self._lock:
+            tag = f" attempt {attempt}" if attempt < self._attempt else ""
+            self._write(f"[{label}{tag}] ".encode(), line)
+
     def write_line(self, prefix: bytes, line: bytes) -> None:
         with self._lock:
-            if self._lost:
-                return
-            try:
-                self._stream.write(prefix + line + b"\n")
-                self._stream.flush()
-            except (OSError, ValueError) as e:  # a full disk, a closed pipe or a closed file
-                self._give_up(e)
+            self._write(prefix, line)
+
+    def _write(self, prefix: bytes, line: bytes) -> None:
+        """Under the lock."""
+        if self._lost:
+            return
+        try:
+            self._stream.write(prefix + line + b"\n")
+            self._stream.flush()
+        except (OSError, ValueError) as e:  # a full disk, a closed pipe or a closed file
+            self._give_up(e)
 
     def _give_up(self, error: Exception) -> None:
         """Under the lock: stop writing to a console that cannot take lines. The job goes on;
@@ -88,10 +120,9 @@ class Console:
         except (OSError, ValueError, AttributeError):  # stderr is gone too: nobody to tell
             pass
 
-    def sink(self, label: str) -> LineSink:
-        """Where a process's lines go to be shown as ``[label] line``."""
-        prefix = f"[{label}] ".encode()
-        return lambda line: self.write_line(prefix, line)
+    def sink(self, label: str, attempt: int = 0) -> LineSink:
+        """Where the lines of a process of ``attempt`` go to be shown as ``[label] line``."""
+        return lambda line: self.write_rank_line(label, attempt, line)
 
 
 class Pump(threading.Thread):
@@ -214,6 +245,41 @@ def quiet_at_exit(stream: IO[Any]) -> None:
         pass
 
 
+ATTEMPT_MARK = b"==== npu-launch: job "
+"""How the line that opens an attempt's output in a rank's log begins (``mark_attempt``)."""
+
+
+def mark_attempt(log_path: str, job_id: str, attempt: int, now: float) -> None:
+    """Open ``attempt``'s part of a rank's log that already holds output (an earlier attempt's,
+    or an earlier launch's into the same log directory) with one line of its own, on a line of
+    its own: ``==== npu-launch: job J, attempt 1 (restart 1), 2026-12-04 17:18:16 ====``.
+    An empty or missing log gets none."""
+    try:
+        with open(log_path, "ab+") as f:  # appended as the pumps write: O_APPEND
+            end = f.seek(0, os.SEEK_END)
+            if end == 0:
+                return
+            f.seek(end - 1)
+            ended = f.read(1) == b"\n"
+            restart = f" (restart {attempt})" if attempt else ""
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+            f.write((b"" if ended else b"\n") + ATTEMPT_MARK
+                    + f"{job_id}, attempt {attempt}{restart}, {when} ====\n".encode())
+    except OSError:  # no log yet, or none to be had: the pump says so when it opens it
+        pass
+
+
+def this_attempt(data: bytes) -> bytes:
+    """What of a log's ``data`` follows its last attempt mark: the current attempt's output
+    (all of ``data`` when it holds no mark)."""
+    at = data.rfind(b"\n" + ATTEMPT_MARK)
+    at = at + 1 if at >= 0 else (0 if data.startswith(ATTEMPT_MARK) else -1)
+    if at < 0:
+        return data
+    end = data.find(b"\n", at)
+    return b"" if end < 0 else data[end + 1:]
+
+
 def _latest_state(line: bytes) -> bytes:
     """What a terminal would show for a line rewritten with ``\\r``."""
     line = line.rstrip(b"\r")
@@ -221,7 +287,8 @@ def _latest_state(line: bytes) -> bytes:
 
 
 def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> list[str]:
-    """The last ``lines`` lines of a log file (each ``\\r``-rewrite collapsed)."""
+    """The last ``lines`` lines of a log file (each ``\\r``-rewrite collapsed), of the current
+    attempt only (after the log's last ``mark_attempt`` line)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -230,6 +297,7 @@ def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> list[str]:
             data = f.read()
     except OSError:
         return []
+    data = this_attempt(data)
     text = [_latest_state(line).decode(errors="replace") for line in data.split(b"\n")]
     while text and not text[-1].strip():
         text.pop()

@@ -38,7 +38,7 @@ from launcher.run.failures import (
     describe_stuck,
     root_cause,
 )
-from launcher.run.output import Console, LineSink
+from launcher.run.output import Console, LineSink, mark_attempt
 from launcher.run.process import Exit, ProcessGroup
 from launcher.run.spares import Spares
 from launcher.run.watch import FaultHook, Reporter, StopHook, Watch
@@ -128,7 +128,8 @@ class LocalRanks:
             if self._plan.foreground:
                 group.start_foreground(spec)
             else:
-                sink = self._console.rank_sink(spec.host, rank)
+                mark_attempt(spec.log_path, self._plan.job_id, self._plan.restart, time.time())
+                sink = self._console.rank_sink(spec.host, rank, self._plan.restart)
                 self._start_one(group, spec, sink if self._filter.shows(rank) else None)
         if not self._by_rank:  # a pod that runs the scheduler alone: the other pods' ranks need it
             self._start_scheduler()

@@ -45,7 +45,7 @@ class Quiet:
 
 def agents(tmp_path: Path) -> tuple[NodeAgents, Started]:
     plan = cast(LaunchPlan, SimpleNamespace(job_id="j", hosts=HOSTS, nnodes=2, world_size=2,
-                                            log_dir=str(tmp_path)))
+                                            restart=0, log_dir=str(tmp_path)))
     launches = [AgentLaunch(ProcessSpec(Role.AGENT, None, host, n, None, None,
                                         str(tmp_path / f"{host}.log"), {}, ("agent",)),
                             None, fanout=2) for n, host in enumerate(HOSTS)]
@@ -114,7 +114,7 @@ def test_only_the_first_agent_of_mpirun_can_be_asked(tmp_path: Path) -> None:
     node0, _ = agents(tmp_path)
     assert node0.deaf_nodes() == set(), "ssh: every agent reads its stdin"
     plan = cast(LaunchPlan, SimpleNamespace(job_id="j", hosts=HOSTS, nnodes=2, world_size=2,
-                                            log_dir=str(tmp_path)))
+                                            restart=0, log_dir=str(tmp_path)))
     mpirun = AgentLaunch(ProcessSpec(Role.AGENT, None, "mpirun", 0, None, None,
                                      str(tmp_path / "mpirun.log"), {}, ("mpirun",)),
                          None, stdin_nodes=frozenset({0}))

@@ -31,6 +31,10 @@ sets SLURM_RESTART_COUNT in the requeued run, and the command line stays the sam
 first step event says ``saves_on_stop``, and at each step it reads ``stop_request`` in its log
 directory; at the step written there it prints ``saves step K`` and exits 0 (it saves no file).
 --step-time S: each step takes at least S seconds.
+--chatter: after init every rank prints without pause until it is gone, from a thread of its
+own (``chatter attempt A line N``, alike on every rank, and ``rank R attempt A line N``), and as
+it dies (a SIGTERM or its own exception: ``dying attempt A rank R line N`` for 0.3 s in an exit
+handler): a dead attempt's lines still in the pipes as the job restarts.
 --fail-at-attempt A:R (repeatable): in attempt A (NPU_LAUNCH_RESTART), rank R raises after its
 first step. --fail-init-on-host H: on host H, "init" raises in every attempt.
 A rank whose peer left raises at once, as gloo or HCCL may see the broken link: on other hosts
@@ -38,11 +42,13 @@ its report can reach node 0 before the culprit's (node 0 waits for both).
 """
 import argparse
 import atexit
+import itertools
 import os
 import signal
 import socket
 import struct
 import sys
+import threading
 import time
 
 from parallel import ending
@@ -69,6 +75,7 @@ parser.add_argument("--fail-at-attempt", action="append", default=[], metavar="A
 parser.add_argument("--fail-init-on-host", default=None)
 parser.add_argument("--hang-in-attempt", type=int, default=-1, help="only then (default: always)")
 parser.add_argument("--ignore-sigterm", type=int, default=-1)
+parser.add_argument("--chatter", action="store_true")
 args = parser.parse_args()
 attempt = int(os.environ.get("NPU_LAUNCH_RESTART", "0"))
 failing = {int(r) for a, r in (item.split(":") for item in args.fail_at_attempt) if int(a) == attempt}
@@ -128,6 +135,29 @@ def all_reduce(peers: list, value: float) -> float:
     return total
 
 
+def start_chatter() -> None:
+    """``--chatter``: lines without pause from a daemon thread, and a burst as the rank dies."""
+    def chatter() -> None:
+        for n in itertools.count():
+            sys.stdout.write(f"chatter attempt {attempt} line {n}\nrank {rank} attempt {attempt} "
+                             f"line {n}\n")
+            sys.stdout.flush()
+            time.sleep(0.002)
+
+    def dying() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM: go on dying
+        end = time.monotonic() + 0.3
+        for n in itertools.count():
+            sys.stdout.write(f"dying attempt {attempt} rank {rank} line {n}\n")
+            sys.stdout.flush()
+            if time.monotonic() > end:
+                return
+
+    threading.Thread(target=chatter, daemon=True).start()
+    atexit.register(dying)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 step_count = 0
 if rank == args.ignore_sigterm:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -142,6 +172,8 @@ ending.again_after_init()  # as the rank hook does once init() returns
 if rank == args.linger_at_exit:  # registered last, so it runs first: before the hook's
     atexit.register(time.sleep, 3600)
 print(f"rank {rank} of {world} up, RANK_ID={os.environ['RANK_ID']}", flush=True)
+if args.chatter:
+    start_chatter()
 if rank == args.child:
     import subprocess
 

@@ -1,10 +1,13 @@
-"""Console and log files: prefixes, whole lines only, carriage-return progress kept. (Real
-MindSpore's own log lines kept off the console: ``run/test_binding_ranks.py``'s MindSpore job.)"""
+"""Console and log files: prefixes, whole lines only, carriage-return progress kept, a restart's
+boundary on both. (Real MindSpore's own log lines kept off the console:
+``run/test_binding_ranks.py``'s MindSpore job.)"""
 from __future__ import annotations
 
+import io
 import os
 import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from helpers import (
 )
 
 CHATTY = str(RANK_SCRIPTS / "chatty.py")
+PLAIN_JOB = str(RANK_SCRIPTS / "plain_job.py")
 
 
 def test_lines_are_prefixed_whole_and_progress_is_kept(weird_tmp: Path) -> None:
@@ -120,3 +124,93 @@ def test_a_ranks_terminal_codes_are_shown_not_obeyed_in_the_failure_block(weird_
     assert "RuntimeError: \\x1b[31mred\\x1b[0m" in block
     assert "| \\x1b[2J\\x1b]0;pwned\\x07gone" in block
     assert_no_job_processes("wipes")
+
+
+def test_no_line_of_a_dead_attempt_follows_the_restart_line_unmarked(weird_tmp: Path) -> None:
+    """Ranks that print without pause, and for a while as they die, restarted once: on the
+    console (stdout and stderr in one pipe, in the order they were written) every line of
+    attempt 0 after ``restart 1 of 1`` says ``attempt 0`` in its prefix (none may come: the
+    lines waiting to be merged are shown before it), and none of attempt 1 comes before it. In
+    each rank's log attempt 1 begins below its mark, and the lines of each attempt are on their
+    side of it."""
+    logs = weird_tmp / "logs"
+    argv = npu_launch_argv("--device", "cpu", "--cards", "2", "--max-restarts", "1",
+                           "--restart-backoff", "0", "--job-id", "flood", "--log-dir", str(logs),
+                           PLAIN_JOB, "--chatter", "--steps", "4", "--step-time", "0.3",
+                           "--fail-at-attempt", "0:1")
+    result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("npu-launch: restart 1 of 1"))
+    assert not [line for line in lines[:at] if "attempt 1" in line], "attempt 1 before its restart"
+    assert any("attempt 0 line" in line for line in lines[:at])
+    host = re.escape(socket.gethostname())
+    tagged = re.compile(rf"\[{host}:[\d,-]+ attempt 0\] ")
+    late = [line for line in lines[at + 1:] if re.search(r"attempt 0 (rank \d+ )?line", line)]
+    assert all(tagged.match(line) for line in late), [line for line in late
+                                                      if not tagged.match(line)][:5]
+    assert not [line for line in lines[at + 1:] if " attempt 1] " in line]
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        marks = re.findall(r"^==== npu-launch: job flood, attempt 1 \(restart 1\), [\d:\- ]+ ====$",
+                           text, re.M)
+        assert len(marks) == 1, text[-2000:]
+        before, after = text.split(marks[0])
+        assert "attempt 0 line" in before and "attempt 1" not in before
+        assert "attempt 1 line" in after and "attempt 0" not in after
+    assert_no_job_processes("flood")
+
+
+def test_a_line_of_an_ended_attempt_says_which_and_is_merged_with_no_other() -> None:
+    """The console's side of a restart, line by line: what waits to be merged leaves as the
+    restart begins; later, a line of attempt 0 is tagged, one of attempt 1 is not, and alike
+    lines of the two attempts are not merged."""
+    from launcher.console_lines import RankLines
+    from launcher.run.output import Console
+
+    stream = io.BytesIO()
+    console = Console(stream)
+    console.show_rank_lines(RankLines(console.write_rank_line, 2, merge=True, runtime_logs=False,
+                                      clock=lambda: 0.0))
+    old0, old1 = console.rank_sink("vm", 0, 0), console.rank_sink("vm", 1, 0)
+    old0(b"waits for rank 1")
+    assert stream.getvalue() == b""
+    console.begin_attempt(1)
+    assert stream.getvalue() == b"[vm:0] waits for rank 1\n", "shown before the restart line"
+    new0 = console.rank_sink("vm", 0, 1)
+    old1(b"step 3")
+    new0(b"step 3")
+    old0(b"step 3")
+    console.rank_line("vm", 1, b"step 3", 1)
+    console.close()
+    assert stream.getvalue().decode().splitlines()[1:] == [
+        "[vm:0-1 attempt 0] step 3", "[vm:0-1] step 3"]
+    plain = io.BytesIO()
+    unmerged = Console(plain)
+    unmerged.begin_attempt(2)
+    unmerged.sink("a:agent", 1)(b"late")
+    unmerged.rank_sink("a", 3, 2)(b"now")
+    assert plain.getvalue() == b"[a:agent attempt 1] late\n[a:3] now\n"
+
+
+def test_a_failure_block_reads_the_current_attempt_of_a_rank_log(tmp_path: Path) -> None:
+    """A rank's log holds every attempt (appended): each after the first below its mark. The
+    failure block's last lines and MindSpore error lines are the current attempt's alone."""
+    from launcher.run.failures import error_lines, last_lines_block
+    from launcher.run.output import mark_attempt, tail
+
+    log = tmp_path / "rank_0.log"
+    mark_attempt(str(log), "j", 1, 0.0)
+    assert not log.exists() or log.read_bytes() == b"", "an empty log gets no mark"
+    log.write_bytes(b"[ERROR] ME(1:2,MainProcess): attempt 0 broke\nold line\rprogress 9%")
+    mark_attempt(str(log), "j", 1, 0.0)
+    log.open("ab").write(b"new line\n")
+    data = log.read_bytes().decode()
+    assert re.search(r"progress 9%\n==== npu-launch: job j, attempt 1 \(restart 1\), .* ====\n"
+                     r"new line\n$", data), data
+    assert tail(str(log)) == ["new line"]
+    assert error_lines(str(log)) == []
+    assert "attempt 0 broke" not in "\n".join(last_lines_block(str(log), 20))
+    mark_attempt(str(log), "j", 2, 0.0)
+    assert tail(str(log)) == []
