@@ -4,7 +4,11 @@ and a line that several ranks print alike shown once.
 MindSpore's runtime log lines (glog style: ``[WARNING] DISTRIBUTED(20481,7f12...,python3.11):
 2026-12-01-16:15:27.504.479 [mindspore/ccsrc/...] ...``, and from its Python side ``[INFO]
 ME(18850:1402210...,MainProcess):...``) at DEBUG, INFO and WARNING go to the rank's log file
-only (``--runtime-logs`` shows them); ERROR and above still reach the console.
+only (``--runtime-logs`` shows them); ERROR and above still reach the console. A rank's stdout
+and stderr share one pipe, so such a line can come glued to the end of a line the rank had not
+ended (``print("compiling ... ", end="")`` then ``[WARNING] COMMON(...) ...`` or the compile
+cache's ``[WARNING] PIPELINE(...) ... Check the consistency of dependency files hash failed.
+...``): the console shows the rank's part alone.
 
 Identical lines: each rank line waits up to ``WINDOW`` seconds for the same text from other
 ranks, then is shown once as ``[vm:0-7] text`` (ranks grouped by host: ``[a:0-1 b:2-3]``), or as
@@ -26,8 +30,9 @@ from typing import Callable, Optional
 
 WINDOW = 0.25
 """Seconds a line waits for the same line from other ranks."""
-_RUNTIME_LOG = re.compile(rb"^\[(DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][0-9a-fA-F]+,")
-"""MindSpore's C++ (``DISTRIBUTED(pid,thread hex,...``) and Python (``ME(pid:thread,...``) logs."""
+_RUNTIME_LOG = re.compile(rb"\[(?:DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][0-9a-fA-F]+,")
+"""MindSpore's C++ (``DISTRIBUTED(pid,thread hex,...``, ``PIPELINE(...``) and Python
+(``ME(pid:thread,...``) logs."""
 
 Write = Callable[[str, int, bytes], None]
 """``write_rank_line(label, attempt, line)`` of the console (``launcher.run.output.Console``),
@@ -37,6 +42,16 @@ which shows ``[label] line`` and tags a line of an attempt that is over."""
 def is_runtime_chatter(line: bytes) -> bool:
     """A MindSpore runtime log line below ERROR."""
     return _RUNTIME_LOG.match(line) is not None
+
+
+def without_runtime_chatter(line: bytes) -> Optional[bytes]:
+    """``line`` as the console shows it without MindSpore's chatter: None for a runtime log line
+    below ERROR, the rank's own text for one with such a line glued to its end."""
+    found = _RUNTIME_LOG.search(line)
+    if found is None:
+        return line
+    own = line[:found.start()]
+    return own if own.strip() else None
 
 
 @dataclasses.dataclass
@@ -68,8 +83,11 @@ class RankLines:
 
     def show(self, host: str, rank: int, line: bytes, attempt: int = 0) -> None:
         """One line of ``rank`` on ``host`` in ``attempt``, without its prefix."""
-        if not self._runtime_logs and is_runtime_chatter(line):
-            return
+        if not self._runtime_logs:
+            kept = without_runtime_chatter(line)
+            if kept is None:
+                return
+            line = kept
         if not self._merge or self._closed:
             self._write(f"{host}:{rank}", attempt, line)
             return

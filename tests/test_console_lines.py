@@ -2,7 +2,7 @@
 rank's order, waits at most the window, and leaves at once when every rank said the line."""
 from __future__ import annotations
 
-from launcher.console_lines import WINDOW, RankLines, is_runtime_chatter, label
+from launcher.console_lines import WINDOW, RankLines, is_runtime_chatter, label, without_runtime_chatter
 
 
 class Screen:
@@ -56,3 +56,32 @@ def test_runtime_chatter_is_told_apart_and_unmerged_lines_pass_at_once() -> None
     view.show("vm", 0, b"hello")
     assert screen.lines == ["[vm:1] [ERROR] ME(1:2,MainProcess):x", "[vm:0] hello"]
 
+
+COMPILE_CACHE = (b"[WARNING] PIPELINE(8757,7f220ac3eb80,python):2026-12-04-16:48:38.809.636 [mindspore/"
+                 b"ccsrc/frontend/jit/ps/resource.cc:751] GetCompileCacheResource] Check the consistency"
+                 b" of dependency files hash failed. Execute all the compilation actions.")
+"""MindSpore 2.10's compile-cache line as a rank's log holds it (a job run twice into one
+--log-dir: the cache is npu-launch's default), once or more per rank and graph."""
+
+
+def test_the_compile_cache_line_is_chatter_alone_or_glued_to_a_ranks_unended_line() -> None:
+    """Its real form (read in rank logs) starts with ``[WARNING] PIPELINE(pid,thread,...``; a rank
+    whose stdout had an unended line (``print("compiling ... ", end="")``) gets it glued on, as
+    stdout and stderr share one pipe: the console shows the rank's part only, and with
+    ``--runtime-logs`` all of it."""
+    assert is_runtime_chatter(COMPILE_CACHE)
+    glued = b"compiling ... " + COMPILE_CACHE
+    assert without_runtime_chatter(COMPILE_CACHE) is None
+    assert without_runtime_chatter(glued) == b"compiling ... "
+    assert without_runtime_chatter(b"   " + COMPILE_CACHE) is None
+    error = b"epoch 1 [ERROR] PIPELINE(8757,7f22,python):2026 [x] boom"
+    assert without_runtime_chatter(error) == error
+    screen = Screen()
+    view = RankLines(screen.write, 2, merge=False, runtime_logs=False)
+    for line in (COMPILE_CACHE, glued, b"done"):
+        view.show("vm", 0, line)
+    assert screen.lines == ["[vm:0] compiling ... ", "[vm:0] done"]
+    shown = Screen()
+    everything = RankLines(shown.write, 2, merge=False, runtime_logs=True)
+    everything.show("vm", 0, glued)
+    assert shown.lines == ["[vm:0] " + glued.decode()]
