@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
 
 from launcher.checkpoints.ledger import files_standing
 from launcher.observe.startup import job_phases
@@ -58,7 +58,13 @@ class RankState:
     step: Optional[int] = None
     epoch: Optional[int] = None
     loss: Optional[float] = None
+    loss_step: Optional[int] = None
+    """The step of ``loss``: a step event without a loss (a ``Model.train`` output that is no
+    number) leaves the last one standing."""
     samples_per_s: Optional[float] = None
+    reports_loss: bool = True
+    """False for a rank of a pipeline stage before the last (its ``layout`` event): it computes
+    no loss, whatever its step events say."""
     final_loss: Optional[float] = None
     exec_mode: Optional[ExecMode] = None
     evals: list[Evaluation] = dataclasses.field(default_factory=list)
@@ -108,6 +114,28 @@ class RankState:
                 "evals": [dataclasses.asdict(e) for e in self.evals],
                 "last_event": self.last_event, "last_event_time": self.last_event_time,
                 "phases": self.progress.phases()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusLoss:
+    """The one training loss the status line shows: the latest loss of the lowest rank that
+    reported one (rank 0; in a pipeline, the first rank of the last stage, which computes it),
+    and its step. Always one rank's, the same rank's on every step: ranks report at their own
+    steps (``Model.train`` scripts at most every few seconds), so a mean over ranks would mix
+    steps, and in data parallelism each rank's loss is that of its own share of the batch."""
+
+    rank: int
+    step: Optional[int]
+    value: float
+
+    @classmethod
+    def of(cls, ranks: Iterable["RankState"]) -> Optional["StatusLoss"]:
+        """The loss to show; None while no rank reported one."""
+        reported = [s for s in ranks if s.loss is not None and s.reports_loss]
+        first = min(reported, key=lambda s: s.rank, default=None)
+        if first is None or first.loss is None:
+            return None
+        return cls(first.rank, first.loss_step, first.loss)
 
 
 class JobState:
@@ -191,7 +219,8 @@ class JobState:
 def _on_step(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
     state.step = _either(event.step, state.step)
     state.epoch = _either(event.epoch, state.epoch)
-    state.loss = _either(event.loss, state.loss)
+    if event.loss is not None:
+        state.loss, state.loss_step = event.loss, event.step
     state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)
 
 
@@ -207,6 +236,12 @@ def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) 
     state.step = _either(event.steps, state.step)
     state.final_loss = _either(event.final_loss, state.final_loss)
     state.samples_per_s = _either(event.samples_per_s, state.samples_per_s)
+
+
+def _on_layout(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
+    stage, stages = event.record.get("pp_stage"), event.record.get("pp")
+    if type(stage) is int and type(stages) is int:
+        state.reports_loss = stage == stages - 1
 
 
 def _on_eval(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
@@ -248,5 +283,6 @@ _HANDLERS: dict[str, Callable[[JobState, RankState, Event, float], None]] = {
     contract.EVENT_CHECKPOINT: _on_checkpoint,
     contract.EVENT_FINISHED: _on_finished,
     contract.EVENT_EVAL: _on_eval,
+    contract.EVENT_LAYOUT: _on_layout,
     contract.EVENT_DATA: _on_data,
 }

@@ -8,7 +8,7 @@ import os
 from typing import Iterable, Mapping, Optional, TextIO
 
 from launcher.console_lines import runs_text
-from launcher.observe.job_state import Evaluation, RankState
+from launcher.observe.job_state import Evaluation, RankState, StatusLoss
 from parallel.config import ExecMode
 
 _MAX_TABLE_ROWS = 8
@@ -18,9 +18,9 @@ _LABEL_WIDTH = 22
 
 
 def status_line(ranks: Iterable[RankState]) -> Optional[str]:
-    """``step 120 | loss 0.31 | 1543 samples/s | slowest rank 3 | held-out acc 0.95 loss 0.16
-    (epoch 2)``, plus the execution mode unless every rank runs GRAPH_MODE; None before any step.
-    """
+    """``step 120 | loss 0.31 (rank 0) | 1543 samples/s | slowest rank 3 | held-out acc 0.95
+    loss 0.16 (epoch 2)``, plus the execution mode unless every rank runs GRAPH_MODE; None
+    before any step. The loss is one rank's (``job_state.StatusLoss``)."""
     states = list(ranks)
     parts = _progress(states)
     if not parts:
@@ -31,15 +31,16 @@ def status_line(ranks: Iterable[RankState]) -> Optional[str]:
 
 
 def _progress(states: list[RankState]) -> list[str]:
-    """Steps, mean loss, throughput, slowest rank and the last evaluation; [] before any step."""
+    """Steps, rank 0's loss, throughput, slowest rank and the last evaluation; [] before any
+    step."""
     stepped = [s for s in states if s.step is not None]
     if not stepped:
         return []
     steps = sorted(s.step for s in stepped if s.step is not None)
     parts = [f"step {steps[0]}" if steps[0] == steps[-1] else f"step {steps[0]}-{steps[-1]}"]
-    losses = [s.loss for s in stepped if s.loss is not None]
-    if losses:
-        parts.append(f"loss {_number(sum(losses) / len(losses))}")
+    loss = StatusLoss.of(stepped)
+    if loss is not None:
+        parts.append(describe_loss(loss, steps[0] if steps[0] == steps[-1] else None))
     rated = {s.rank: s.samples_per_s for s in stepped if s.samples_per_s is not None}
     if rated:
         parts.append(f"{sum(rated.values()):.0f} samples/s")
@@ -47,6 +48,13 @@ def _progress(states: list[RankState]) -> list[str]:
         parts.append(f"slowest rank {min(rated, key=lambda rank: rated[rank])}")
     held_out = describe_evals([s.last_eval for s in states if s.last_eval is not None])
     return parts + ([held_out] if held_out else [])
+
+
+def describe_loss(loss: StatusLoss, step: Optional[int]) -> str:
+    """``loss 0.31 (rank 0)``, with ``, step 119`` when that is not ``step``, the one step every
+    rank is at (None: they are at several)."""
+    at = f", step {loss.step}" if loss.step is not None and loss.step != step else ""
+    return f"loss {_number(loss.value)} (rank {loss.rank}{at})"
 
 
 def describe_evals(evals: list[Evaluation]) -> Optional[str]:

@@ -415,7 +415,7 @@ def test_plain_status_line_at_most_every_ten_seconds(weird_tmp: Path) -> None:
     for rank, rate in zip(HOSTS, (400.0, 390.0, 410.0, 343.0)):
         feed(monitor, step(rank, clock.now, 120, loss=0.31, rate=rate))
     monitor.tick()
-    assert out.getvalue() == "npu-launch: step 120 | loss 0.31 | 1543 samples/s | slowest rank 3\n"
+    assert out.getvalue() == "npu-launch: step 120 | loss 0.31 (rank 0) | 1543 samples/s | slowest rank 3\n"
 
     run_steps(monitor, clock, (0, 1, 2, 3), clock.now + 0.5, clock.now + 25.0, every=0.5)
     assert out.getvalue().count("\n") == 3  # at t=2, 12, 22: never closer than 10 s
@@ -445,11 +445,46 @@ def test_plain_status_line_reports_evaluations_and_a_mode_other_than_graph(
     monitor.tick()
 
     assert out.getvalue().splitlines() == [
-        "npu-launch: step 45 | loss 0.5 | 400 samples/s | slowest rank 0",
-        "npu-launch: step 45 | loss 0.5 | 400 samples/s | slowest rank 0 | "
+        "npu-launch: step 45 | loss 0.5 (rank 0) | 400 samples/s | slowest rank 0",
+        "npu-launch: step 45 | loss 0.5 (rank 0) | 400 samples/s | slowest rank 0 | "
         "held-out acc 0.96 loss 0.125 (epoch 2)",
-        "npu-launch: step 45-95 | loss 0.5 | 400 samples/s | slowest rank 0 | "
+        "npu-launch: step 45-95 | loss 0.5 (rank 0, step 45) | 400 samples/s | slowest rank 0 | "
         "held-out acc 0.96 loss 0.125 (epoch 2) | graph on ranks 0-1, pynative on ranks 2-3"]
+
+
+def test_the_status_loss_is_rank_0s_latest_at_whatever_step_the_others_report() -> None:
+    """One definition on every line: the latest loss of the lowest rank that reported one, named
+    with its step when the ranks are not all at it. Before, the line showed the mean of every
+    rank's last loss, each of its own step (ranks of a ``Model.train`` script report on their own
+    clocks), changing with whichever rank reported last."""
+    from launcher.observe.job_state import JobState, StatusLoss
+    from launcher.observe.status_display import status_line
+    from parallel.contract import Event
+
+    def apply(into: JobState, fields: dict) -> None:
+        event = Event.parse(fields)
+        assert event is not None, fields
+        into.apply(event, 0.0)
+
+    state = JobState(HOSTS)
+    seen = []
+    for rank, n, loss in ((0, 10, 2.0), (1, 10, 4.0), (2, 11, 8.0), (1, 12, 0.5), (3, 12, 1.0)):
+        apply(state, step(rank, 0.0, n, loss=loss))
+        seen.append(status_line(state.ranks.values()))
+    assert [line.split(" | ")[:2] for line in seen if line] == [
+        ["step 10", "loss 2 (rank 0)"], ["step 10", "loss 2 (rank 0)"],
+        ["step 10-11", "loss 2 (rank 0, step 10)"], ["step 10-12", "loss 2 (rank 0, step 10)"],
+        ["step 10-12", "loss 2 (rank 0, step 10)"]], "the others' reports change nothing"
+    no_loss = {k: v for k, v in step(0, 0.0, 12).items() if k != "loss"}
+    apply(state, no_loss)
+    assert StatusLoss.of(state.ranks.values()) == StatusLoss(0, 10, 2.0), "its last loss, and step"
+    apply(state, step(0, 0.0, 12, loss=0.25))
+    assert (status_line(state.ranks.values()) or "").startswith("step 11-12 | loss 0.25 (rank 0, step 12) |")
+    pipeline = JobState(HOSTS)  # pp 2: ranks 0-1 are the first stage, whose "loss" is none
+    for rank in HOSTS:
+        apply(pipeline, record(contract.EVENT_LAYOUT, rank, 0.0, pp=2, pp_stage=rank // 2))
+        apply(pipeline, step(rank, 0.0, 5, loss=0.75 if rank >= 2 else 0.0))
+    assert (status_line(pipeline.ranks.values()) or "").startswith("step 5 | loss 0.75 (rank 2) |")
 
 
 def test_live_table_is_redrawn_at_most_once_a_second(weird_tmp: Path) -> None:
@@ -501,7 +536,7 @@ def test_live_table_shows_the_mode_and_each_ranks_held_out_accuracy(weird_tmp: P
     monitor.close("succeeded", 0)  # never drawn (no tick): the final table as plain lines
 
     lines = out.getvalue().splitlines()
-    assert lines[0] == ("npu-launch job job-1  2 s  graph mode  |  step 45 | loss 0.4 | "
+    assert lines[0] == ("npu-launch job job-1  2 s  graph mode  |  step 45 | loss 0.4 (rank 0) | "
                         "400 samples/s | slowest rank 0 | held-out acc 0.915 loss 0.3 (epoch 1)")
     assert lines[3].split() == ["node-a:1", "45", "0.4", "100.0", "0.9100", "eval", "2", "s"]
     assert max(len(line) for line in lines[1:]) <= 79  # rows fit an 80-column terminal
