@@ -82,6 +82,9 @@ JOB_ID = "NPU_LAUNCH_JOB_ID"
 """The job's name, as the user sees it (logs, events). Another launch may carry the same one."""
 RESUME_STEP = "NPU_LAUNCH_RESUME_STEP"
 """Set on a restart of a multi-node job: the complete step the trainer resumes from."""
+CHECKPOINT = "NPU_LAUNCH_CHECKPOINT"
+"""The newest checkpoint file the script's own saves completed (``EVENT_SAVED``) for this rank,
+absolute; unset before any (``launcher.plan.checkpoint_arg``: also ``{checkpoint}``)."""
 PAYLOAD_KEY = "NPU_LAUNCH_PAYLOAD_KEY"
 """srun/mpirun agents only: the key that gets the plan from the launcher (``launcher.cluster.payload``)."""
 TOKEN = "NPU_LAUNCH_TOKEN"
@@ -195,6 +198,10 @@ EVENT_EVAL = "eval"
 EVENT_CHECKPOINT = "checkpoint"
 """A rank's file of a step is in place: ``step``, ``path`` (absolute, on the rank's host),
 ``name``, ``size``, ``sha256``, ``position`` (the data position) and ``world_size``."""
+EVENT_SAVED = "saved"
+"""A checkpoint file the script's ``save_checkpoint`` (which ``ModelCheckpoint`` calls) completed:
+``path`` (absolute, on the rank's host), ``size``; when known, ``epoch`` and ``epoch_step`` (as
+``ModelCheckpoint`` names it, ``PREFIX-EPOCH_STEP``), ``epoch_steps`` and ``step`` (inside a fit)."""
 EVENT_DATA = "data"
 """Sent by ``parallel.data.sharded_dataset`` for a training reader: ``batch_size`` (this rank's),
 ``global_batch`` (every rank's together) and ``planned_world`` (see ``PLANNED_WORLD``)."""

@@ -19,7 +19,8 @@
 * Every thread's Python stack in the rank's log when a fault of its own kills it, and an
   ``exiting`` event as the exit handlers begin (``parallel.ending``).
 * A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint``
-  (``parallel.model_train``).
+  (``parallel.model_train``); each checkpoint file the script saves told as it is complete, and
+  a resume from a mid-epoch save made exact (``parallel.script_saves``, ``parallel.mid_epoch``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -239,6 +240,7 @@ def _patch_iterators(module: Any) -> None:
 
 
 def _patch_serialization(module: Any) -> None:
+    _patch_script_saves(module)
     for name in ("load_checkpoint", "load_param_into_net"):
         if hasattr(module, name):
             setattr(module, name, progress.counting_load(getattr(module, name)))
@@ -247,6 +249,14 @@ def _patch_serialization(module: Any) -> None:
 
 def _patch_saves(module: Any) -> None:
     module.save_checkpoint = progress.in_section(contract.SECTION_SAVE, module.save_checkpoint)
+
+
+def _patch_script_saves(module: Any) -> None:
+    """Each file the script saves told as it is complete; the file it loaded remembered."""
+    from parallel import script_saves
+
+    module.save_checkpoint = script_saves.reporting_save(module.save_checkpoint)
+    module.load_checkpoint = script_saves.recording_load(module.load_checkpoint)
 
 
 def _patch_model_train(module: Any) -> None:
@@ -312,6 +322,7 @@ _INIT_HOOK: dict[str, Callable[[Any], None]] = {
     "mindspore.communication.management": _patch_comm,
     "mindspore.graph.api": _patch_graph_api,
     "mindspore.train.model": _patch_model_train,
+    "mindspore.train.serialization": _patch_script_saves,
 }
 _MODULE_HOOKS: dict[str, Callable[[Any], None]] = {
     **_INIT_HOOK,
