@@ -11,6 +11,7 @@ import time
 from typing import Mapping, Optional, Sequence
 
 from launcher.checkpoints.ledger import CheckpointLedger
+from launcher.checkpoints.script_saves import ScriptSaves
 from launcher.config.frameworks import FrameworkNote
 from launcher.files import write_if_changed
 from launcher.hangs.stack_samples import StackSample, native_path
@@ -33,27 +34,33 @@ class Attempts:
     ledger: CheckpointLedger
     hangs: Optional[HangCheck] = None
     frameworks: Optional[FrameworkNote] = None
+    saves: Optional[ScriptSaves] = None
+    """The files the script saved itself, for the next attempt's ``{checkpoint}``."""
 
     def begin(self, plan: LaunchPlan) -> "Attempt":
         return Attempt(self.monitor, self.hangs, self.ledger, _stack_paths(plan),
                        {s.rank: s.host for s in plan.ranks if s.rank is not None},
                        self.frameworks,
-                       0.0 if plan.foreground else plan.timeouts.exit)  # pdb has no clock
+                       0.0 if plan.foreground else plan.timeouts.exit,  # pdb has no clock
+                       self.saves)
 
 
 class Attempt:
     """One attempt of the job, as node 0 sees it (a ``watch.Reporter``): events go to the
-    monitor, checkpoint events to the ledger, stack samples to the hang check and to node 0's
-    copy of the rank's stack file; what each rank did in this attempt is its record, read from
-    the monitor; ``tick`` redraws the display and says whether the job hangs; ``blame`` names a
-    stalled rank as the root cause of a failure it caused."""
+    monitor, checkpoint events to the ledger, the script's own saves to ``saves``, stack
+    samples to the hang check and to node 0's copy of the rank's stack file; what each rank
+    did in this attempt is its record, read from the monitor; ``tick`` redraws the display
+    and says whether the job hangs; ``blame`` names a stalled rank as the root cause of a
+    failure it caused."""
 
     def __init__(self, monitor: JobMonitor, hangs: Optional[HangCheck] = None,
                  ledger: Optional[CheckpointLedger] = None,
                  stack_paths: Optional[Mapping[int, str]] = None,
                  ranks: Optional[Mapping[int, str]] = None,
-                 frameworks: Optional[FrameworkNote] = None, exit_timeout: float = 0.0) -> None:
+                 frameworks: Optional[FrameworkNote] = None, exit_timeout: float = 0.0,
+                 saves: Optional[ScriptSaves] = None) -> None:
         self.monitor = monitor
+        self.saves = saves
         self.hangs = hangs
         self.ledger = ledger
         self._stack_paths = stack_paths or {}
@@ -71,6 +78,8 @@ class Attempt:
     def event(self, event: Event) -> None:
         if event.kind == contract.EVENT_CHECKPOINT and self.ledger is not None:
             self.ledger.record(event)
+        elif event.kind == contract.EVENT_SAVED and self.saves is not None:
+            self.saves.record(event)
         elif event.kind == contract.EVENT_STACK:
             self._keep_stack(event)
         elif event.kind == contract.EVENT_FRAMEWORK and self._frameworks is not None:

@@ -21,6 +21,7 @@ from launcher import files
 from launcher.attempt import Attempt, Attempts
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.resume import MissingCheckpoint, ResumePoint, place_for_resume
+from launcher.checkpoints.script_saves import ScriptSaves
 from launcher.cluster import control
 from launcher.cluster.agent import payload_for
 from launcher.cluster.backends.ssh_mux import SshMasters
@@ -37,6 +38,7 @@ from launcher.hangs.stalls import HangCheck
 from launcher.job import Job, make_job
 from launcher.observe.joblock import LogDirLock
 from launcher.observe.monitor import JobMonitor
+from launcher.plan.checkpoint_arg import dry_run_note, newest_paths, with_checkpoints
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.rank_table_mode import GENERATED_NAME
 from launcher.run import last_words
@@ -70,14 +72,19 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
     launch however it ends (``launcher.cluster.backends.ssh_mux``)."""
     with SshMasters() as masters:
         job = make_job(config, environ, err, masters)
+        saves = ScriptSaves(_own_log_dir(job))  # the script's own checkpoints: {checkpoint}
+        paths = newest_paths(job.plan, saves)
+        job = dataclasses.replace(job, plan=with_checkpoints(job.plan, paths))
         if config.dry_run:
             if job.pod is not None and not config.json:
                 out.write(f"detected: {job.pod.describe()}\n")
-            out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n")
+            note = None if config.json else dry_run_note(job.plan, paths)
+            out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n"
+                      + (f"{note}\n" if note else ""))
             return 0
         lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
         try:
-            result = _run_monitored(job, config, environ, out, err)
+            result = _run_monitored(job, config, environ, out, err, saves)
         finally:
             lock.release()
     print_message(result, err)
@@ -85,7 +92,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
 
 
 def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], out: TextIO,
-                   err: TextIO) -> JobResult:
+                   err: TextIO, saves: Optional[ScriptSaves] = None) -> JobResult:
     monitor = _monitor(job, out, err)
     command = (config.script, *config.script_args)
     limits = Limits(config.hang_timeout, config.hang_grace, Learnt.load(_own_log_dir(job), command),
@@ -99,7 +106,8 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
     try:
         result = run_with_restarts(job, config, environ, console,
                                    Attempts(monitor, ledger, hangs,
-                                            FrameworkNote(mindspore_only(config), err)), err)
+                                            FrameworkNote(mindspore_only(config), err), saves),
+                                   err)
         for note in (monitor.teardown_note(), monitor.attempts_note(config.max_restarts),
                      monitor.phases_note(), monitor.checkpoint_note()):
             if note is not None:
@@ -124,7 +132,8 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     import error or a bad argument, which would fail again), start it anew, up to
     ``--max-restarts`` times in all, waiting the backoff first (``launcher.run.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
-    complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. With ``--min-nodes``
+    complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. The script's own
+    newest checkpoints are in its ``{checkpoint}`` and ``NPU_LAUNCH_CHECKPOINT``. With ``--min-nodes``
     a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
     row at the same step (or both before any), of the same cause, with no newer complete
     checkpoint, stop the job (``restarts.cannot_help``); a failure before start-up is not
@@ -191,7 +200,9 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         signum = wait_unless_signalled(waited)
         if signum is not None:
             return _stopped_waiting(result, plan.job_id, signum)
-        job = dataclasses.replace(job, plan=job.plan.restarted(again, resume))
+        plan = job.plan.restarted(again, resume)
+        saved = newest_paths(plan, attempts.saves) if attempts.saves is not None else {}
+        job = dataclasses.replace(job, plan=with_checkpoints(plan, saved))
 
 
 def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: JobResult) -> bool:

@@ -161,6 +161,9 @@ class LaunchPlan:
     """Ranks whose checkpoint files their agents send to node 0 as they are written
     (``launcher.cluster.collect``): a sliced layout's every rank not on the launcher's host; in data
     parallelism none, or the lowest rank when the launcher's host runs no rank."""
+    script_argv: tuple[str, ...] = ()
+    """The ranks' argv as given, when an argument holds ``{checkpoint}``: each attempt's plan
+    has it replaced by each rank's newest checkpoint (``launcher.plan.checkpoint_arg``)."""
 
     def restarted(self, attempt: int, resume: Optional[ResumePoint] = None) -> "LaunchPlan":
         """This job again, as its ``attempt``-th restart, resuming from ``resume``."""
@@ -208,6 +211,7 @@ class LaunchPlan:
         data["timeouts"] = Timeouts(**data.get("timeouts", {}))
         data["resume"] = ResumePoint.from_dict(data["resume"]) if data.get("resume") else None
         data["collect_ranks"] = tuple(int(r) for r in data.get("collect_ranks", ()))
+        data["script_argv"] = tuple(str(a) for a in data.get("script_argv", ()))
         return cls(**data)
 
     def render(self) -> str:

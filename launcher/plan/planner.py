@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 from launcher.config.devices import DeviceKind
 from launcher.config.launch_config import LaunchConfig
 from launcher.plan.binding import Binding, planned
+from launcher.plan.checkpoint_arg import has_placeholder
 from launcher.plan.launch_plan import LaunchPlan, Node, ProcessSpec, RankAssignment, Role, StartMode, Timeouts
 from parallel import contract
 
@@ -66,7 +67,8 @@ def build_plan(config: LaunchConfig, inputs: PlanInputs) -> LaunchPlan:
                       timeouts=Timeouts(config.kill_timeout, config.startup_timeout,
                                         config.hang_timeout, config.hang_grace,
                                         config.exit_timeout, config.hang_floor),
-                      collect_ranks=_collect_ranks(config, inputs, ranks))
+                      collect_ranks=_collect_ranks(config, inputs, ranks),
+                      script_argv=ranks[0].argv if ranks and has_placeholder(config.script_args) else ())
 
 
 def _collect_ranks(config: LaunchConfig, inputs: PlanInputs,

@@ -38,8 +38,9 @@ from launcher.run.strays import kill_job_strays
 from parallel import contract
 
 ATTEMPT_KEYS = frozenset({contract.RESTART, contract.TORCHELASTIC_RESTART_COUNT,
-                          contract.RESUME_STEP})
-"""What differs between two attempts' environments of one process."""
+                          contract.RESUME_STEP, contract.CHECKPOINT})
+"""What differs between two attempts' environments of one process. (A ``{checkpoint}``
+argument that changed is no spare's: the spare's own arguments were read at its start.)"""
 
 
 def process_env(base_env: Mapping[str, str], spec: ProcessSpec) -> dict[str, str]:
