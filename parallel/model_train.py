@@ -14,19 +14,23 @@ alone: its peers must not leave it waiting in the step's all-reduce). A rank sig
 (Slurm signals every process of a job step) waits for that word as the shared trainer's do
 (``parallel.preemption``).
 
-Resuming is the script's own: it loads its newest checkpoint as after any stop.
+Resuming is the script's own: it loads its newest checkpoint as after any stop (npu-launch
+hands it the path, ``{checkpoint}``). Resumed the tutorials' way from a save made mid-epoch,
+the call trains the rest of that epoch first (``parallel.mid_epoch``). The running fit's place
+goes to ``parallel.script_saves``, which tells npu-launch of each file the script saves.
 
 Nothing here imports MindSpore: ``Model.train``'s module has loaded it when this runs.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import time
 from typing import Any, Callable, Optional
 
-from parallel import contract, events, preemption
+from parallel import contract, events, mid_epoch, preemption, script_saves
 
 REPORT_EVERY = 0.5
 """Seconds between two ``step`` events at most (the first step's is sent at once)."""
@@ -49,8 +53,14 @@ def stopping_train(real: Callable[..., Any]) -> Callable[..., Any]:
         given = bound.arguments.get("callbacks")
         listed = list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
         bound.arguments["callbacks"] = [*listed, _stop_callback(path, _checkpointers(listed))]
-        with preemption.deferred_sigterm(path):
-            return real(*bound.args, **bound.kwargs)
+        rest = mid_epoch.rest_of_epoch(bound.arguments)
+        resumed = mid_epoch.training_rest(bound.arguments["self"], bound.arguments, rest) \
+            if rest is not None else contextlib.nullcontext()
+        try:
+            with preemption.deferred_sigterm(path), resumed:
+                return real(*bound.args, **bound.kwargs)
+        finally:
+            script_saves.fit_ended()
     return functools.update_wrapper(train, real)
 
 
@@ -74,6 +84,9 @@ def _stop_callback(path: str, savers: list[Any]) -> Any:
             super().__init__()
             self.reported = 0.0
             self.stop = preemption.StopStep(path)
+
+        def on_train_begin(self, run_context: Any) -> None:
+            script_saves.fit_began(run_context.original_args())
 
         def on_train_step_end(self, run_context: Any) -> None:
             params = run_context.original_args()
