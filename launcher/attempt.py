@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import signal
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.script_saves import ScriptSaves
+from launcher.cluster import control
 from launcher.config.frameworks import FrameworkNote
+from launcher.console_lines import runs_text
 from launcher.files import write_if_changed
 from launcher.hangs.stack_samples import StackSample, native_path
 from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
@@ -23,6 +27,7 @@ from launcher.run.failures import JobResult, Outcome, stall_cause
 from launcher.run.restarts import BEFORE_ANY_PROGRESS, FailurePoint
 from parallel import contract
 from parallel.contract import Event
+from parallel.manifest import atomic_write_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,3 +243,46 @@ def lingering(records: Mapping[int, Optional[RankRecord]], now: float,
 def _stack_paths(plan: LaunchPlan) -> dict[int, str]:
     return {spec.rank: spec.stack_path for spec in plan.ranks
             if spec.rank is not None and spec.stack_path}
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    """On a stop signal to a job run here: when every rank obeys a stop request and one saves
+    (``Attempt.stop_step``), the step they all stop at (and save) goes into the log directory
+    (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
+    else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
+    node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),
+    which writes it into its own host's log directory."""
+
+    plan: LaunchPlan
+    attempt: Attempt
+    err: Optional[TextIO] = None
+    send: Optional[Callable[[bytes], None]] = None
+
+    def __call__(self, signum: int) -> float:
+        ranks = [s.rank for s in self.plan.ranks if s.rank is not None]
+        step = self.attempt.stop_step(ranks)
+        if step is None or self.plan.timeouts.kill <= 0:
+            return 0.0
+        path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
+        try:
+            atomic_write_bytes(path, f"{step}\n".encode())
+        except OSError:
+            if self.send is None:
+                return 0.0
+        if self.send is not None:
+            self.send(control.save_line(step))
+        if self.err is not None:
+            savers = sorted(self.attempt.saving & set(ranks))
+            who = ("every rank saves" if len(savers) == len(ranks) else
+                   f"rank {runs_text(savers)} saves" if len(savers) == 1 else
+                   f"ranks {runs_text(savers)} save")
+            stops = "stops" if len(savers) == len(ranks) else "every rank stops there"
+            self.err.write(f"npu-launch: {signal.Signals(signum).name}: {who} step {step} and "
+                           f"{stops} (--kill-timeout {self.plan.timeouts.kill:g} s; again to "
+                           "stop at once)\n")
+            self.err.flush()
+        return self.plan.timeouts.kill
+
+    def ranks_stopped(self) -> bool:
+        return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited

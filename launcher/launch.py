@@ -15,14 +15,13 @@ import os
 import shutil
 import signal
 import time
-from typing import Callable, Mapping, Optional, Sequence, TextIO
+from typing import Mapping, Optional, Sequence, TextIO
 
 from launcher import files
-from launcher.attempt import Attempt, Attempts
+from launcher.attempt import Attempt, Attempts, StopRequest
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.resume import MissingCheckpoint, ResumePoint, place_for_resume
 from launcher.checkpoints.script_saves import ScriptSaves
-from launcher.cluster import control
 from launcher.cluster.agent import payload_for
 from launcher.cluster.backends.ssh_mux import SshMasters
 from launcher.cluster.card_checks import recheck_before_restart
@@ -31,7 +30,7 @@ from launcher.cluster.node_agents import run_agents
 from launcher.cluster.payload import serving
 from launcher.config.frameworks import FrameworkNote, mindspore_only
 from launcher.config.launch_config import LaunchConfig
-from launcher.console_lines import RankLines, runs_text
+from launcher.console_lines import RankLines
 from launcher.errors import ConfigError
 from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stalls import HangCheck
@@ -63,7 +62,6 @@ from launcher.run.supervisor import print_message, run_local
 from launcher.run.watch import wait_unless_signalled
 from parallel import contract
 from parallel.contract import BadInput
-from parallel.manifest import atomic_write_bytes
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -340,49 +338,6 @@ def run_job(job: Job, config: LaunchConfig, environ: Mapping[str, str], console:
         return run_agents(plan, agents, config.console, environ, console, attempt,
                           on_stop=lambda send: StopRequest(plan, attempt, err, send),
                           on_fault=lambda asker: LastWordsRequest(plan, attempt, err, asker))
-
-
-@dataclasses.dataclass(frozen=True)
-class StopRequest:
-    """On a stop signal to a job run here: when every rank obeys a stop request and one saves
-    (``Attempt.stop_step``), the step they all stop at (and save) goes into the log directory
-    (``contract.STOP_REQUEST_FILE``), and they get ``--kill-timeout`` to do it and exit;
-    else they are stopped at once, as before. Several nodes: ``send`` gives the step to every
-    node agent too (on its stdin: ssh and srun reach every agent, mpirun the first only),
-    which writes it into its own host's log directory."""
-
-    plan: LaunchPlan
-    attempt: "Attempt"
-    err: Optional[TextIO] = None
-    send: Optional[Callable[[bytes], None]] = None
-
-    def __call__(self, signum: int) -> float:
-        ranks = [s.rank for s in self.plan.ranks if s.rank is not None]
-        step = self.attempt.stop_step(ranks)
-        if step is None or self.plan.timeouts.kill <= 0:
-            return 0.0
-        path = os.path.join(self.plan.log_dir, contract.STOP_REQUEST_FILE)
-        try:
-            atomic_write_bytes(path, f"{step}\n".encode())
-        except OSError:
-            if self.send is None:
-                return 0.0
-        if self.send is not None:
-            self.send(control.save_line(step))
-        if self.err is not None:
-            savers = sorted(self.attempt.saving & set(ranks))
-            who = ("every rank saves" if len(savers) == len(ranks) else
-                   f"rank {runs_text(savers)} saves" if len(savers) == 1 else
-                   f"ranks {runs_text(savers)} save")
-            stops = "stops" if len(savers) == len(ranks) else "every rank stops there"
-            self.err.write(f"npu-launch: {signal.Signals(signum).name}: {who} step {step} and "
-                           f"{stops} (--kill-timeout {self.plan.timeouts.kill:g} s; again to "
-                           "stop at once)\n")
-            self.err.flush()
-        return self.plan.timeouts.kill
-
-    def ranks_stopped(self) -> bool:
-        return {s.rank for s in self.plan.ranks if s.rank is not None} <= self.attempt.exited
 
 
 def _place_here(plan: LaunchPlan, node_rank: int) -> Optional[JobResult]:

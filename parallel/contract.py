@@ -27,6 +27,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
+from parallel.bad_input import MAX_SHOWN as MAX_SHOWN
+from parallel.bad_input import BadInput as BadInput
+from parallel.bad_input import shown as shown
+
 # MindSpore dynamic cluster (msrun's mode).
 MS_ROLE = "MS_ROLE"
 MS_SCHED_HOST = "MS_SCHED_HOST"
@@ -338,25 +342,6 @@ EVENT_ATTEMPT = "attempt"
 """Written by the monitor as each attempt of the job ends (``launcher.run.restarts.AttemptRecord``):
 ``attempt``, ``started_at``, ``ended_at``, ``duration_s``, ``outcome``, ``exit_code``, ``cause``,
 ``resumed_from``, ``nodes``, ``world_size``, ``waited_s``, ``left_out``."""
-
-
-class BadInput(ValueError):
-    """Bad input found on either side of the seam. A plain exception, so that ranks need no
-    click; the CLI says it in one line with exit code 2."""
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-
-MAX_SHOWN = 80
-"""Characters of a user's value echoed in an error message."""
-
-
-def shown(value: object) -> str:
-    """``repr`` of a value for an error message, cut to ``MAX_SHOWN`` characters."""
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}...({len(text)} chars)"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -271,7 +271,7 @@ def _bind_here(plan: LaunchPlan, node_rank: int,
 
 class AgentStop:
     """What a stop signal to this agent does first (``launcher.run.watch.StopHook``). Node 0
-    decides the step every rank saves (``launch.StopRequest``) and sends it on the agents'
+    decides the step every rank saves (``attempt.StopRequest``) and sends it on the agents'
     stdin; ``save`` writes it into this host's log directory, where the trainer looks once a
     step, and the ranks save it and exit on their own. A signal to the agent itself (Slurm
     signals every task of a job step on preemption) waits ``WORD_WAIT`` s for node 0's word

@@ -23,7 +23,7 @@ FINISH = b"finish\n"
 """Node 0 -> agents, on stdin: every node's ranks are done."""
 SAVE = b"save "
 """Node 0 -> agents, on stdin: ``save <step>``: a stop signal came, and every rank saves that
-step and exits (``launch.StopRequest``); each agent writes it into its host's log directory,
+step and exits (``attempt.StopRequest``); each agent writes it into its host's log directory,
 where the trainer looks for it (``contract.STOP_REQUEST_FILE``)."""
 WORDS = b"words "
 """Node 0 -> agents, on stdin: ``words <rank> <attempt> <age>``: a rank failed or hangs, and

@@ -45,7 +45,7 @@ class Reporter(Protocol):
 
 
 class StopHook(Protocol):
-    """What a stop signal does before the processes are stopped (``launch.StopRequest``)."""
+    """What a stop signal does before the processes are stopped (``attempt.StopRequest``)."""
 
     def __call__(self, signum: int) -> float:
         """The seconds the ranks get to save a checkpoint and exit on their own (0: none)."""

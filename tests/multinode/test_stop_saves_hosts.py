@@ -1,7 +1,7 @@
 """A stop signal to a multi-node job whose ranks save on request (the shared trainer's
 contract, played by ``plain_job.py --saves-on-stop``): node 0 picks the step every rank saves,
 and every host's agent writes it into that host's own log directory (private disks here), so
-the ranks on every host save the same step and exit (``launch.StopRequest``,
+the ranks on every host save the same step and exit (``attempt.StopRequest``,
 ``launcher.cluster.agent.AgentStop``)."""
 from __future__ import annotations
 
