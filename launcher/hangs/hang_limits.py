@@ -170,27 +170,26 @@ class Lessons:
     a new attempt's records start afresh (``begin_attempt``), what was learnt stays."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, int] = {}
+        self._upto: dict[int, float] = {}
         self._busy_at: Optional[float] = None
 
     def begin_attempt(self) -> None:
-        self._seen.clear()
+        self._upto.clear()
 
     def learn(self, limits: Limits, records: Mapping[int, RankRecord], now: float) -> Limits:
-        """``limits`` with the intervals ``records`` ended since the last call (the last of
-        each rank's: they come at most twice a second, and this is called as often)."""
+        """``limits`` with the intervals ``records`` ended since the last call
+        (``RankRecord.recent``) that began after the last wait."""
         frozen = [limits.frozen(p, now) for p in records.values()]
         if any(frozen) and not all(frozen):
             self._busy_at = now
         learnt = Learnt()
         for rank, p in records.items():
-            latest = 0.0
-            if p.intervals > self._seen.get(rank, 0):
-                self._seen[rank] = p.intervals
-                began = (p.stepped_at or now) - p.latest
-                if self._busy_at is None or began > self._busy_at:
-                    latest = p.latest
-            learnt = learnt.merge(Learnt(latest, p.intervals, p.section_longest))
+            upto = self._upto.get(rank, -math.inf)
+            fresh = [(ended, seconds) for ended, seconds in p.recent if ended > upto]
+            longest = max((seconds for ended, seconds in fresh
+                           if self._busy_at is None or ended - seconds > self._busy_at), default=0.0)
+            self._upto[rank] = max([upto, *(ended for ended, _ in fresh)])
+            learnt = learnt.merge(Learnt(longest, p.intervals, p.section_longest))
         return limits.learning(learnt)
 
 

@@ -55,6 +55,9 @@ cluster first, it is no failure (``RankRecord.teardown_crash``) unless npu-launc
 
 
 _DAY = 86400.0
+_RECENT = 16
+"""Intervals a record keeps for its readers, who look twice a second at ranks that send at most
+two progress and two step events a second."""
 
 
 @dataclasses.dataclass
@@ -134,8 +137,8 @@ class RankRecord:
     """Bytes it (and its child processes) wrote since its last progress, as read."""
     longest: float = 0.0
     """The longest quiet interval ended by a step or a count, outside grace and sections."""
-    latest: float = 0.0
-    """The last such interval (``stepped_at`` ended it)."""
+    recent: tuple[tuple[float, float], ...] = ()
+    """The last ``_RECENT`` such intervals, (when it ended, seconds), for ``Lessons``."""
     intervals: int = 0
     section_longest: tuple[tuple[str, float], ...] = ()
 
@@ -206,9 +209,9 @@ class RankRecord:
         if now is not None:
             # An interval that held a compilation says nothing of the steps' pace.
             if not self.in_grace and self.since is not None and not self.compiled:
-                self.latest = now - self.since
-                self.longest = max(self.longest, self.latest)
+                self.longest = max(self.longest, now - self.since)
                 self.intervals += 1
+                self.recent = (*self.recent[-(_RECENT - 1):], (now, now - self.since))
             self.stepped_at = now
         self._progressed(event, now)
         self.in_grace = self.compiled = False

@@ -3,11 +3,14 @@
 --steps steps, then one ``checksum`` line per rank and the torchrun variables it was given.
 
 --fail-rank R --fail-at S: rank R raises before step S. --hang-rank R --hang-at S: rank R
-sleeps (``hang_here``) before step S while the others wait in the all-reduce."""
+sleeps (``hang_here``) before step S while the others wait in the all-reduce. --write-rank R
+--write-at S --write-s T: rank R writes a file of its own for T seconds before step S (a
+checkpoint saved its own way) while the others wait in the all-reduce."""
 import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -29,7 +32,24 @@ parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-at", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-at", type=int, default=-1)
+parser.add_argument("--write-rank", type=int, default=-1)
+parser.add_argument("--write-at", type=int, default=-1)
+parser.add_argument("--write-s", type=float, default=0.0)
 args = parser.parse_args()
+
+
+def write_alone(seconds: float) -> None:
+    print(f"rank {dist.get_rank()} writes alone for {seconds:g} s", flush=True)
+    path = os.path.join(tempfile.gettempdir(), f"ddp-alone-{os.getpid()}.bin")
+    until = time.monotonic() + seconds
+    with open(path, "wb") as f:
+        while time.monotonic() < until:
+            f.seek(0)
+            f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+            time.sleep(0.05)
+    os.remove(path)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -42,6 +62,8 @@ for step in range(args.steps):
         raise RuntimeError(f"torch boom on rank {rank} at step {step}")
     if rank == args.hang_rank and step == args.hang_at:
         hang_here()
+    if rank == args.write_rank and step == args.write_at:
+        write_alone(args.write_s)
     loss = model(torch.randn(16, 8, generator=data)).pow(2).mean()
     opt.zero_grad()
     loss.backward()

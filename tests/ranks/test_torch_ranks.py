@@ -86,11 +86,20 @@ def test_a_torch_rank_that_raises_is_named_with_its_exception(weird_tmp: Path) -
 
 
 def test_a_torch_rank_hung_before_a_collective_is_the_straggler(weird_tmp: Path) -> None:
-    result, _ = launch(weird_tmp, "torch-hang", "--steps", "100000", "--hang-rank", "1",
-                       "--hang-at", "5", options=("--hang-timeout", "3"))
+    """With the limit learnt (its floor lowered to 1 s, so the steps' pace decides: 2-3 s), rank
+    0 first writes alone for 5 s (a few seconds into training: 3000 steps of a few ms, so that
+    an interval was seen) while rank 1 waits in DDP's all-reduce: no hang, a spell busy alone;
+    then rank 1 freezes and is named."""
+    result, _ = launch(weird_tmp, "torch-hang", "--steps", "100000", "--write-rank", "0",
+                       "--write-at", "3000", "--write-s", "5", "--hang-rank", "1",
+                       "--hang-at", "6000", options=("--hang-floor", "1"))
     err = result.stderr
     assert result.returncode == HANG_EXIT_CODE, err[-3000:]
+    assert "rank 0 writes alone for 5 s" in result.stdout, result.stdout[-2000:]
     assert "rank 1 on" in err and "hangs: no progress for" in err, err[-3000:]
+    assert "no CPU, no I/O, no child process for" in err, err[-3000:]
+    busy = json.loads((weird_tmp / "logs" / "summary.json").read_text())["busy_alone"]
+    assert list(busy) == ["0"] and busy["0"]["doing"] == "writing", busy
     assert "while rank(s) 0 wait in torch" in err, err[-3000:]
     summary = json.loads((weird_tmp / "logs" / "summary.json").read_text())
     assert (summary["root_cause"]["outcome"], summary["root_cause"]["rank"]) == ("stalled", 1)
