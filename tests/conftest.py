@@ -145,8 +145,8 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 # pytest-xdist: one worker per file, one worker for every multi-node test ------------------------
 
-LONG_FILES = ("tests/hangs/test_hang_limits.py", "tests/cli/test_cli_properties.py",
-              "tests/parallel/test_trainer.py", "tests/run/test_supervision.py",
+LONG_FILES = ("tests/hangs/test_busy_alone.py", "tests/hangs/test_hang_limits.py",
+              "tests/cli/test_cli_properties.py", "tests/parallel/test_trainer.py", "tests/run/test_supervision.py",
               "tests/cli/test_bad_input.py", "tests/plan/test_pods.py",
               "tests/parallel/test_parallel_setup.py", "tests/cli/test_last_bad_inputs.py")
 """The files outside the two long groups that took 18-75 s each in CI (2026-12-03), longest
