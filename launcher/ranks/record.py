@@ -78,9 +78,8 @@ class RankRecord:
     ``last_progress``, ``exited_time``.
 
     Progress, on the clock of whoever folds it (see the module's docstring): ``since`` (last
-    progress), ``stepped_at`` (last step or higher count outside grace and sections), ``count``,
-    ``busy``, ``loads``, ``in_grace``, ``section`` (``save`` or ``eval`` while inside one, else
-    ""), ``section_since``, ``section_ended`` (when the last one ended), ``sections``,
+    progress), ``count``, ``busy``, ``loads``, ``in_grace``, ``section`` (``save`` or ``eval``
+    while inside one, else ""), ``section_since``, ``sections``,
     ``grace_count``, ``trained``, ``compiling``, ``longest``, ``intervals``, ``section_longest``;
     and its supervisor's readings: ``alive_at``, ``alive_how``, ``quiet_written``."""
 
@@ -110,14 +109,12 @@ class RankRecord:
     exited_time: Optional[float] = None
 
     since: Optional[float] = None
-    stepped_at: Optional[float] = None
     count: int = 0
     busy: bool = False
     loads: int = 0
     in_grace: bool = True
     section: str = ""
     section_since: float = 0.0
-    section_ended: Optional[float] = None
     sections: int = 0
     grace_count: int = 0
     """The count when the grace began: a rank that made no Cell call leaves it once the count is
@@ -212,7 +209,6 @@ class RankRecord:
                 self.longest = max(self.longest, now - self.since)
                 self.intervals += 1
                 self.recent = (*self.recent[-(_RECENT - 1):], (now, now - self.since))
-            self.stepped_at = now
         self._progressed(event, now)
         self.in_grace = self.compiled = False
 
@@ -226,8 +222,6 @@ class RankRecord:
             kinds = dict(self.section_longest)
             kinds[self.section] = max(kinds.get(self.section, 0.0), now - self.section_since)
             self.section_longest = tuple(sorted(kinds.items()))
-        if (self.section or sections != self.sections) and now is not None:
-            self.section_ended = now
         self.section, self.sections = section, sections
         self.section_since = now if now is not None else self.section_since
         return True

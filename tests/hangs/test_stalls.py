@@ -79,7 +79,7 @@ def test_grace_lasts_until_a_training_step_and_again_after_a_load() -> None:
     p.observe(Event(contract.EVENT_PROGRESS, 0, count=3, busy=False, loads=1), 7.0)
     assert (p.since, p.in_grace) == (7.0, True)
     p.observe(Event(contract.EVENT_STEP, 0, step=4), 8.0)
-    assert (p.since, p.stepped_at, p.in_grace) == (8.0, 8.0, False), "a trainer step ends it"
+    assert (p.since, p.in_grace) == (8.0, False), "a trainer step ends it"
 
     q = RankRecord()
     q.observe(Event(contract.EVENT_INITIALISED, 0), 1.0)
@@ -90,7 +90,7 @@ def test_grace_lasts_until_a_training_step_and_again_after_a_load() -> None:
     assert (q.since, q.in_grace, LIMITS.of(q)) == (9.5, True, 100.0), \
         "a Cell was called: a count 2 higher no longer ends it, only a training step"
     q.observe(Event(contract.EVENT_PROGRESS, 0, count=6, busy=False, loads=0, trained=1), 300.0)
-    assert (q.since, q.stepped_at, q.in_grace, q.intervals) == (300.0, 300.0, False, 0), \
+    assert (q.since, q.in_grace, q.intervals) == (300.0, False, 0), \
         "the first training step ends it; the compile before it teaches the limit nothing"
     q.observe(Event(contract.EVENT_PROGRESS, 0, count=7, busy=False, loads=1, trained=1), 301.0)
     q.observe(Event(contract.EVENT_PROGRESS, 0, count=9, busy=False, loads=1, trained=1), 302.0)
@@ -561,7 +561,6 @@ def test_the_rank_that_waited_on_a_save_is_judged_only_once_every_rank_is_frozen
     assert LIMITS.frozen(states[1].progress, now[0]) and check() is None, "a first save: the grace"
     see(states[0], contract.EVENT_PROGRESS, last + 15.0, count=states[0].progress.count + 1,
         busy=False, loads=0, section="", sections=1)
-    assert states[0].progress.section_ended == last + 15.0
     for n in range(1, 21):  # rank 0 goes on, rank 1 never does
         see(states[0], contract.EVENT_PROGRESS, last + 15.0 + n / 2,
             count=states[0].progress.count + 1, busy=False, loads=0, section="", sections=1)

@@ -89,7 +89,7 @@ def test_the_events_fold_into_one_record_with_every_fact(tmp_path: Path) -> None
     assert (record.main_thread, record.frameworks, record.calling_init, record.initialised) == \
         ("0x7f00", frozenset({"mindspore"}), True, True)
     assert (record.step, record.saves_on_stop, record.count, record.in_grace) == (3, True, 4, False)
-    assert (record.since, record.stepped_at, record.last_progress) == (20.0, 20.0, 20.0)
+    assert (record.since, record.last_progress) == (20.0, 20.0)
     assert record.initialised_time == 12.0, "the second initialised repeats the first"
     assert (record.intervals, record.longest) == (3, 2.0), \
         "from the first training step on: the compile and the first call not"
