@@ -41,25 +41,29 @@ DEFAULT_TIMEOUT = 600.0
 @dataclasses.dataclass(frozen=True)
 class Learnt:
     """What the job has shown so far: the longest quiet interval between two progress events of
-    one rank outside grace and sections, how many such intervals one rank showed (at most), and
-    the longest section of each kind (a save, an evaluation)."""
+    one rank outside grace and sections, how many such intervals one rank showed (at most), the
+    longest section of each kind (a save, an evaluation), and the first training step's run
+    (``RankRecord.first_run``: the least of any rank's, the one that did not wait on a peer's
+    compilation), which judges until an interval is seen."""
 
     longest: float = 0.0
     intervals: int = 0
     sections: tuple[tuple[str, float], ...] = ()
+    first_run: Optional[float] = None
 
     def merge(self, other: "Learnt") -> "Learnt":
         kinds = dict(self.sections)
         for kind, seconds in other.sections:
             kinds[kind] = max(kinds.get(kind, 0.0), seconds)
+        runs = [r for r in (self.first_run, other.first_run) if r is not None]
         return Learnt(max(self.longest, other.longest), max(self.intervals, other.intervals),
-                      tuple(sorted(kinds.items())))
+                      tuple(sorted(kinds.items())), min(runs, default=None))
 
     @classmethod
     def of(cls, progress: Iterable[RankRecord]) -> "Learnt":
         learnt = cls()
         for p in progress:
-            learnt = learnt.merge(cls(p.longest, p.intervals, p.section_longest))
+            learnt = learnt.merge(cls(p.longest, p.intervals, p.section_longest, p.first_run))
         return learnt
 
     def section(self, kind: str) -> Optional[float]:
@@ -117,7 +121,8 @@ class Limits:
         if self.timeout is not None:
             return self.timeout
         if self.learnt.intervals < LEARN_AFTER:
-            return DEFAULT_TIMEOUT
+            run = self.learnt.first_run
+            return DEFAULT_TIMEOUT if run is None else max(self.floor, LEARN_FACTOR * run)
         return max(self.floor, LEARN_FACTOR * self.learnt.longest)
 
     @property
@@ -125,6 +130,9 @@ class Limits:
         """The limit and where it comes from, for the message that names a hang."""
         if self.timeout is not None:
             return f"--hang-timeout {self.timeout:g}"
+        if self.learnt.intervals < LEARN_AFTER and self.learnt.first_run is not None:
+            return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
+                    f"{_seconds(self.learnt.first_run, 2)} s first step, floor {self.floor:g} s")
         if self.learnt.intervals < LEARN_AFTER:
             return f"limit {DEFAULT_TIMEOUT:g} s, the default: no interval seen to learn from"
         return (f"limit {_seconds(self.quiet)} s learnt: {LEARN_FACTOR:g} x "
@@ -189,7 +197,7 @@ class Lessons:
             longest = max((seconds for ended, seconds in fresh
                            if self._busy_at is None or ended - seconds > self._busy_at), default=0.0)
             self._upto[rank] = max([upto, *(ended for ended, _ in fresh)])
-            learnt = learnt.merge(Learnt(longest, p.intervals, p.section_longest))
+            learnt = learnt.merge(Learnt(longest, p.intervals, p.section_longest, p.first_run))
         return limits.learning(learnt)
 
 

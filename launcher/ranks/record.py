@@ -127,6 +127,10 @@ class RankRecord:
     compiling: bool = False
     compiled: bool = False
     """A compilation came since the last step: that interval teaches the limit nothing."""
+    ran_since: Optional[float] = None
+    """When the current top-level call began to run: its start, or its compilation's end."""
+    first_run: Optional[float] = None
+    """Seconds the training step that ended the grace ran (``ran_since`` to its end)."""
     alive_at: Optional[float] = None
     """When its supervisor last read that it moved (``alive``), on the folder's clock."""
     alive_how: str = ""
@@ -202,15 +206,23 @@ class RankRecord:
         self.quiet_written, self.alive_how = 0, ""
 
     def _stepped(self, event: Event, now: Optional[float]) -> None:
-        """A step or a higher count outside grace and sections: ends a quiet interval."""
+        """A step or a higher count outside grace and sections: ends a quiet interval. The step
+        that ends the grace measures its own run (``first_run``), from its call's start or its
+        compilation's end: after the first training step the limit is learnt from it (a sink of
+        many steps in one call is judged by its own pace, not by the floor)."""
         if now is not None:
+            if self.in_grace and self.ran_since is not None:
+                self.first_run = now - self.ran_since
             # An interval that held a compilation says nothing of the steps' pace.
-            if not self.in_grace and self.since is not None and not self.compiled:
-                self.longest = max(self.longest, now - self.since)
-                self.intervals += 1
-                self.recent = (*self.recent[-(_RECENT - 1):], (now, now - self.since))
+            elif not self.in_grace and self.since is not None and not self.compiled:
+                self._learn(now, now - self.since)
         self._progressed(event, now)
         self.in_grace = self.compiled = False
+
+    def _learn(self, now: float, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+        self.intervals += 1
+        self.recent = (*self.recent[-(_RECENT - 1):], (now, seconds))
 
     def _section(self, event: Event, now: Optional[float]) -> bool:
         """Whether a section began or ended (one that began and ended between two events shows
@@ -281,10 +293,12 @@ def _finished(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 
 def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
-    r.busy = bool(event.busy)
+    # A call began since the last event: the rank entered one, or completed one and is in the next.
+    began = bool(event.busy) and (not r.busy or (event.count or 0) > r.count)
     compiling = bool(event.compiling)
     if compiling != r.compiling:  # a compilation began or ended: its grace starts or ends now
         r.compiling, r.compiled = compiling, r.compiled or compiling
+        r.ran_since = now if not compiling else r.ran_since
         r._progressed(event, now)
     if r._section(event, now):
         r._progressed(event, now)
@@ -301,6 +315,8 @@ def _progress(r: RankRecord, event: Event, now: Optional[float]) -> None:
     elif event.count is None and event.loads is None:
         r._progressed(event, now)  # not the rank hook's: a heartbeat is taken at its word
     r.count, r.trained = max(r.count, event.count or 0), trained
+    r.ran_since = now if began else r.ran_since
+    r.busy = bool(event.busy)
 
 
 def _trained_past_grace(r: RankRecord, count: int, trained: int) -> bool:

@@ -812,3 +812,28 @@ def test_a_spell_busy_alone_teaches_the_limit_nothing_for_any_rank() -> None:
     now[0] = last + 47.1
     check()
     assert check.limits.learnt.longest == pytest.approx(5.0) and check.limits.quiet == 25.0
+
+
+def test_after_the_first_training_step_its_run_judges_until_an_interval_is_seen() -> None:
+    """No interval yet (a rank froze at step 3, before a progress event ended one): the first
+    training step's run judges, the least of any rank's (rank 1 waited in it for rank 0's
+    compilation), at least the floor; a sink of 20 s in one call is judged by 5 x its run."""
+    states = [State(r, host=f"host{r}") for r in range(2)]
+    for s in states:
+        see(s, contract.EVENT_INITIALISED, 0.0)
+        see(s, contract.EVENT_PROGRESS, 1.0, count=0, busy=True, loads=0, trained=0,
+            compiling=s.rank == 0)
+    see(states[0], contract.EVENT_PROGRESS, 60.0, count=0, busy=True, loads=0, trained=0)
+    for s in states:
+        see(s, contract.EVENT_PROGRESS, 60.4, count=1, busy=False, loads=0, trained=1)
+    assert [s.progress.first_run for s in states] == [pytest.approx(0.4), pytest.approx(59.4)]
+    assert [s.progress.intervals for s in states] == [0, 0]
+    limits = LEARNING.learning(Learnt.of(s.progress for s in states))
+    assert (limits.quiet, limits.why) == (10.0, "limit 10 s learnt: 5 x 0.4 s first step, floor 10 s")
+    sink = RankRecord()
+    sink.observe(Event(contract.EVENT_INITIALISED, 0), 0.0)
+    sink.observe(Event(contract.EVENT_PROGRESS, 0, count=0, busy=True, loads=0, trained=0,
+                       compiling=True), 1.0)
+    sink.observe(Event(contract.EVENT_PROGRESS, 0, count=0, busy=True, loads=0, trained=0), 30.0)
+    sink.observe(Event(contract.EVENT_PROGRESS, 0, count=1, busy=True, loads=0, trained=1), 50.0)
+    assert LEARNING.learning(Learnt.of([sink])).quiet == 100.0, "5 x a 20 s sink"
