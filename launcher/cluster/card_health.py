@@ -1,10 +1,13 @@
 """Is each card a job will use fit to start on? Asked on the card's own host, from the
-driver's tools as they print (formats and sources: ``tests/fixtures/ascend_tools/README.md``):
+driver's tools as they print (formats, generations and sources:
+``tests/fixtures/ascend_tools/README.md``). A card is a device, its physical id (``davinciN``):
 
-* ``npu-smi info``: the device table's ``Health`` cell of each NPU (``OK`` and ``Warning``
-  pass; ``Alarm``, ``Critical`` or anything else fails), and its process table (a row
-  ``| NPU  Chip | Process id | ...`` holds the card; ``No running processes found in NPU N``
-  frees it);
+* ``npu-smi info``, read once into ``rank_tables.host_devices.HostDevices``: each device's
+  ``Health`` cell (``OK`` and ``Warning`` pass; ``Alarm``, ``Critical`` or anything else
+  fails; on Atlas A3 each die has its own), and the process table (a row ``| NPU  Chip |
+  Process id | ...`` holds the die it names; ``No running processes found in NPU N`` frees
+  its dies). Where the table alone does not name each die's device, ``npu-smi info -m``
+  does;
 * ``hccn_tool -i N -link -g``: ``link status: UP`` (anything else, e.g. ``DOWN``, fails);
 * ``hccn_tool -i N -net_health -g``: ``net health status: Success`` (``Init``, no detection
   address set yet, passes too; ``Fault``, ``Detect ip set`` and the rest fail);
@@ -13,11 +16,14 @@ driver's tools as they print (formats and sources: ``tests/fixtures/ascend_tools
 * ``/proc/*/fd``: a process with ``<devfs>/davinciN`` open holds the card, whatever npu-smi
   says (a container's npu-smi may not see other containers' processes).
 
-A host without ``npu-smi`` or ``hccn_tool`` (on ``PATH`` or in the driver's tool folder)
-skips the checks that need it and says which (``CardReport.skipped``). ``npu-smi`` and each
-card's ``hccn_tool`` calls run at once, every call bounded by ``TOOL_TIMEOUT_S``: a host's
-checks take about as long as one card's three ``hccn_tool`` calls. Runs in
-``launcher.cluster.probe`` on remote hosts, in-process on a single node.
+A tool is looked up on ``PATH``, then in ``/usr/local/sbin`` and the driver's tool folder
+(``rank_tables.host_devices.find_tool``); the report names the binaries used
+(``CardReport.tools``). A host without one skips the checks that need it and says which
+(``CardReport.skipped``); so does output no rule reads (a new generation, a new npu-smi): one
+note naming the tool, its version line and what was not understood. A card is refused only
+for what was read. ``npu-smi`` and each card's ``hccn_tool`` calls run at once, every call
+bounded by ``TOOL_TIMEOUT_S``. Runs in ``launcher.cluster.probe`` on remote hosts, in-process
+on a single node.
 """
 from __future__ import annotations
 
@@ -25,23 +31,18 @@ import concurrent.futures
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from parallel import contract
+from rank_tables.host_devices import HostDevices, find_tool, parse_chip_map, parse_info
 
 TOOL_TIMEOUT_S = 3.0
-ASCEND_TOOL_DIR = "/usr/local/Ascend/driver/tools"
-"""Where the driver installs ``hccn_tool`` (and sometimes ``npu-smi``); often not on PATH."""
 HEALTHY = ("OK", "Warning")
 NET_HEALTHY = ("Success", "Init")
 FREE_POLL_S = 0.2
 
-_DEVICE_ROW = re.compile(r"^\|\s*(\d+)\s+([^|\s][^|]*?)\s*\|\s*([^|\s]+)\s*\|")
-_PROCESS_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|\s*([^|]*?)\s*\|")
-_NO_PROCESS = re.compile(r"No running processes found in NPU\s+(\d+)")
 _KEY_VALUE = re.compile(r"^\s*([^:]+?)\s*:\s*(.*?)\s*$")
 
 
@@ -71,6 +72,8 @@ class CardReport:
     """The checks not made, each with why (``link, network health, device IP: no hccn_tool``)."""
     ips: Mapping[int, str] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    tools: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The binaries the checks ran (``{"npu-smi": "/usr/local/sbin/npu-smi"}``)."""
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,7 @@ class CardReport:
     def to_json(self) -> dict:
         return {"cards": list(self.cards), "skipped": list(self.skipped),
                 "ips": {str(k): v for k, v in self.ips.items()}, "seconds": self.seconds,
+                "tools": dict(self.tools),
                 "problems": [dataclasses.asdict(p) for p in self.problems]}
 
     @classmethod
@@ -93,15 +97,10 @@ class CardReport:
             return cls(tuple(int(c) for c in value.get("cards", ())), problems,
                        tuple(str(s) for s in value.get("skipped", ())),
                        {int(k): str(v) for k, v in dict(value.get("ips", {})).items()},
-                       float(value.get("seconds", 0.0)))
+                       float(value.get("seconds", 0.0)),
+                       {str(k): str(v) for k, v in dict(value.get("tools", {})).items()})
         except (KeyError, TypeError, ValueError):
             return None
-
-
-def find_tool(name: str, environ: Mapping[str, str]) -> Optional[str]:
-    """``name`` on ``PATH``, else in the driver's tool folder."""
-    path = environ.get("PATH", os.defpath) + os.pathsep + ASCEND_TOOL_DIR
-    return shutil.which(name, path=path)
 
 
 def check_cards(cards: Sequence[int], environ: Mapping[str, str],
@@ -114,25 +113,30 @@ def check_cards(cards: Sequence[int], environ: Mapping[str, str],
     if free_within > 0:
         wait_until_free(cards, devfs, free_within)
     npu_smi, hccn = find_tool("npu-smi", environ), find_tool("hccn_tool", environ)
-    skipped = tuple(what for what, tool in (
+    skipped = [what for what, tool in (
         ("health and processes: no npu-smi", npu_smi),
-        ("link, network health, device IP: no hccn_tool", hccn)) if tool is None)
+        ("link, network health, device IP: no hccn_tool", hccn)) if tool is None]
     with concurrent.futures.ThreadPoolExecutor(1 + len(cards)) as pool:
         smi = pool.submit(_npu_smi_problems, npu_smi, cards, environ) if npu_smi else None
         per_card = [pool.submit(_hccn_card, hccn, card, environ) for card in cards] \
             if hccn else []
         holders = holders_of(cards, devfs)
-        problems = list(smi.result()) if smi else []
+        problems, smi_skipped = smi.result() if smi else ([], [])
+        skipped += smi_skipped
         ips: dict[int, str] = {}
+        unread: list[tuple[str, int]] = []
         for card, future in zip(cards, per_card):
-            found, ip = future.result()
+            found, ip, not_read = future.result()
             problems += found
+            unread += [(what, card) for what in not_read]
             if ip:
                 ips[card] = ip
+    skipped += _unread_notes(unread)
     problems += [CardProblem(card, f"held by pid {pid} ({name})", f"{devfs}/davinci{card}",
                              held=True) for card, pid, name in holders]
-    return CardReport(tuple(cards), tuple(_unique(problems)), skipped, ips,
-                      round(time.monotonic() - started, 3))
+    tools = {name: path for name, path in (("npu-smi", npu_smi), ("hccn_tool", hccn)) if path}
+    return CardReport(tuple(cards), tuple(_unique(problems)), tuple(skipped), ips,
+                      round(time.monotonic() - started, 3), tools)
 
 
 def _unique(problems: Sequence[CardProblem]) -> list[CardProblem]:
@@ -220,80 +224,114 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> tuple[Optional[str], st
 
 
 def _npu_smi_problems(tool: str, cards: Sequence[int],
-                      environ: Mapping[str, str]) -> list[CardProblem]:
+                      environ: Mapping[str, str]) -> tuple[list[CardProblem], list[str]]:
+    """The cards' problems that ``npu-smi info`` shows, and the checks skipped (its output
+    not understood, or a card it says nothing of)."""
     source = "npu-smi info"
     out, why = _run([tool, "info"], environ)
     if out is None:
-        return [CardProblem(card, f"npu-smi {why}", source) for card in cards]
-    health, processes, idle = parse_npu_smi_info(out)
-    problems = []
-    for card in cards:
-        if card not in health:
-            problems.append(CardProblem(card, "not listed", source))
-        elif health[card] not in HEALTHY:
-            problems.append(CardProblem(card, f"health {health[card]}", source))
-        for pid, name in processes.get(card, ()):
-            problems.append(CardProblem(card, f"held by pid {pid}{f' ({name})' if name else ''}",
-                                        source, held=True))
-        if card in health and card not in idle and not processes.get(card):
-            problems.append(CardProblem(card, "process table unreadable", source))
-    return problems
+        return [CardProblem(card, f"npu-smi {why}", source) for card in cards], []
+    host = read_host_devices(out, tool, environ)
+    if not host.dies:
+        return [], [f"health and processes: {tool} info ({host.described()}) not understood: "
+                    f"{host.not_understood}"]
+    problems = [p for card in cards for p in _device_problems(host, card, source)]
+    skipped = [f"processes: {tool} info ({host.described()}) not understood: {host.not_understood}"] \
+        if not host.read else []
+    silent = [card for card in cards if card in host.dies and host.read and
+              card not in host.idle and card not in host.processes]
+    if silent:
+        skipped.append(f"processes of card(s) {','.join(map(str, silent))}: "
+                       f"npu-smi info ({host.described()}) lists none and says none run")
+    return problems, skipped
+
+
+def read_host_devices(info: str, tool: str, environ: Mapping[str, str]) -> HostDevices:
+    """``npu-smi info`` read; ``npu-smi info -m`` asked too where the table alone does not
+    name each die's device (several dies per NPU without a Phy-ID column)."""
+    host = parse_info(info)
+    if host.read or "npu-smi info -m" not in host.not_understood:
+        return host
+    chips, _ = _run([tool, "info", "-m"], environ)
+    return parse_info(info, parse_chip_map(chips)) if chips else host
+
+
+def _device_problems(host: HostDevices, card: int, source: str) -> list[CardProblem]:
+    die = host.dies.get(card)
+    if die is None:
+        return [CardProblem(card, "not listed", source)]
+    problems = [] if die.health in HEALTHY else [CardProblem(card, f"health {die.health}", source)]
+    return problems + [CardProblem(card, f"held by pid {pid}{f' ({name})' if name else ''}", source,
+                                   held=True) for pid, name in host.processes.get(card, ())]
 
 
 def parse_npu_smi_info(text: str) -> tuple[dict[int, str], dict[int, list[tuple[int, str]]],
                                            set[int]]:
-    """From ``npu-smi info``: each NPU's health, the processes on each NPU (pid, name), and the
-    NPUs said to run none. The device table comes before the process table; a device row is
-    ``| ID  Name | Health | ...``, a process row ``| ID  Chip | PID | Name | Memory |``."""
-    health: dict[int, str] = {}
-    processes: dict[int, list[tuple[int, str]]] = {}
-    idle: set[int] = set()
-    in_processes = False
-    for line in text.splitlines():
-        if "Process id" in line:
-            in_processes = True
-            continue
-        if in_processes:
-            free = _NO_PROCESS.search(line)
-            row = _PROCESS_ROW.match(line)
-            if free:
-                idle.add(int(free.group(1)))
-            elif row:
-                processes.setdefault(int(row.group(1)), []).append((int(row.group(3)),
-                                                                    row.group(4)))
-            continue
-        device = _DEVICE_ROW.match(line)
-        if device and not device.group(3)[:1].isdigit():  # the chip row has a Bus-Id there
-            health[int(device.group(1))] = device.group(3)
-    return health, processes, idle
+    """From ``npu-smi info``: each device's health, the processes on each device (pid, name),
+    and the devices said to run none (``HostDevices`` as plain dicts)."""
+    host = parse_info(text)
+    return ({d: die.health for d, die in host.dies.items()},
+            {d: list(p) for d, p in host.processes.items()}, set(host.idle))
 
 
-def _hccn_card(tool: str, card: int,
-               environ: Mapping[str, str]) -> tuple[list[CardProblem], Optional[str]]:
-    problems = []
+def _hccn_card(tool: str, card: int, environ: Mapping[str, str]
+               ) -> tuple[list[CardProblem], Optional[str], list[str]]:
+    """The card's problems, its device IP, and the checks whose output no rule read."""
+    problems, unread = [], []
     link = _hccn_value(tool, card, "-link", "link status", environ)
-    if link[0] != "UP":
-        problems.append(CardProblem(card, f"link {link[0] or link[1]}", link[2]))
+    if link.unread:
+        unread.append(link.unread)
+    elif link.value != "UP":
+        problems.append(CardProblem(card, f"link {link.value or link.why}", link.source))
     health = _hccn_value(tool, card, "-net_health", "net health status", environ)
-    if health[0] not in NET_HEALTHY:
-        problems.append(CardProblem(card, f"net health {health[0] or health[1]}", health[2]))
+    if health.unread:
+        unread.append(health.unread)
+    elif health.value not in NET_HEALTHY:
+        problems.append(CardProblem(card, f"net health {health.value or health.why}", health.source))
     ip = _hccn_value(tool, card, "-ip", "ipaddr", environ)
-    if not ip[0]:
-        problems.append(CardProblem(card, f"no device IP{' (' + ip[1] + ')' if ip[1] else ''}",
-                                    ip[2]))
-    return problems, ip[0] or None
+    if ip.unread:
+        unread.append(ip.unread)
+    elif not ip.value:
+        problems.append(CardProblem(card, f"no device IP{' (' + ip.why + ')' if ip.why else ''}",
+                                    ip.source))
+    return problems, ip.value or None, unread
+
+
+@dataclasses.dataclass(frozen=True)
+class _HccnAnswer:
+    value: str
+    why: str
+    source: str
+    unread: str = ""
+    """The tool answered (exit 0) with no line a rule reads: ``link: hccn_tool -link -g printed
+    no 'link status:' line ('...')``; the check is skipped, not failed."""
 
 
 def _hccn_value(tool: str, card: int, option: str, key: str,
-                environ: Mapping[str, str]) -> tuple[str, str, str]:
-    """``(value of the key's line, why there is none, the command)`` of
-    ``hccn_tool -i CARD OPTION -g``."""
+                environ: Mapping[str, str]) -> _HccnAnswer:
+    """The value of the key's line of ``hccn_tool -i CARD OPTION -g``, why there is none, or
+    that its output was not understood."""
     source = f"hccn_tool -i {card} {option} -g"
     out, why = _run([tool, "-i", str(card), option, "-g"], environ)
     if out is None:
-        return "", why, source
+        return _HccnAnswer("", why, source)
     value = parse_key_value(out).get(key)
-    return (value, "", source) if value else ("", f"no '{key}' line", source)
+    if value:
+        return _HccnAnswer(value, "", source)
+    first = next((line.strip() for line in out.splitlines() if line.strip()), "nothing")
+    return _HccnAnswer("", "", source, f"{_HCCN_CHECKS[option]}: {tool} -i N {option} -g printed no "
+                                      f"'{key}:' line ({first[:60]!r})")
+
+
+_HCCN_CHECKS = {"-link": "link", "-net_health": "network health", "-ip": "device IP"}
+
+
+def _unread_notes(unread: Sequence[tuple[str, int]]) -> list[str]:
+    """One note per check whose output was not understood, naming its cards."""
+    cards: dict[str, list[int]] = {}
+    for what, card in unread:
+        cards.setdefault(what, []).append(card)
+    return [f"{what} (card(s) {','.join(map(str, found))})" for what, found in cards.items()]
 
 
 def parse_key_value(text: str) -> dict[str, str]:
