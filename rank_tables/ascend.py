@@ -7,7 +7,9 @@ Sources, each as the real tools and files present them:
 * ``hccn_tool -i N -ip -g``: prints ``ipaddr:A.B.C.D`` then ``netmask:...`` for device N.
 * ``/etc/hccn.conf``: ``address_N=IP``, ``netmask_N=MASK``, ``netdetect_N=...`` lines.
 * ``npu-smi info -m``: a table ``NPU ID | Chip ID | Chip Logic ID | Chip Phy-ID | Chip Name``
-  (A3; columns padded with spaces, ``-`` and ``Mcu`` for the management chip).
+  (A3; columns padded with spaces, ``-`` and ``Mcu`` for the management chip), read by
+  ``rank_tables.host_devices`` (the one model of a host's devices that the card checks and
+  ``--bind-cores auto`` read too).
 * ``npu-smi info -t spod-info -i NPU -c CHIP``: ``SDID : ...``, ``Super Pod ID : ...`` lines.
 
 Nothing here runs at import time; every probe is a method of ``AscendHost``.
@@ -26,19 +28,23 @@ from typing import Mapping, Optional, Sequence
 from parallel.contract import shown
 from rank_tables.bounded import MAX_DEVICE_ID, MAX_FILE_BYTES, UnreadableFile, read_text, whole_number
 from rank_tables.errors import TableInputError
+from rank_tables.host_devices import TOOL_DIRS
+from rank_tables.host_devices import parse_chip_map as read_chip_map
 
 """Where to look for ``davinciN`` device nodes instead of ``/dev`` (tests use plain files)."""
 DEFAULT_DEVFS = Path("/dev")
 DEFAULT_HCCN_CONF = Path("/etc/hccn.conf")
 ASCEND_TOOL_DIR = "/usr/local/Ascend/driver/tools"
 """Where the driver installs ``hccn_tool``; often not on ``PATH``."""
+DEFAULT_TOOL_PATH = os.pathsep.join(TOOL_DIRS)
+"""``/usr/local/sbin`` (where hosts and container recipes put ``npu-smi``), then the driver's
+tool folder; callers put ``PATH`` first (``rank_tables.host_devices.tool_path``)."""
 TOOL_TIMEOUT_S = 30.0
 
 _DAVINCI = re.compile(r"davinci([0-9]{1,2})")
 _HCCN_ADDRESS = re.compile(r"\s*address_([0-9]+)\s*=\s*(\S+)\s*")
 _IPADDR_LINE = re.compile(r"\s*ipaddr\s*:\s*(\S+)\s*")
 _KEY_VALUE = re.compile(r"\s*([^:]+?)\s*:\s*(.*?)\s*")
-_COLUMNS = re.compile(r"\t|\s{2,}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +70,7 @@ class AscendHost:
     gives no address."""
 
     devfs: Path = DEFAULT_DEVFS
-    tool_path: str = ASCEND_TOOL_DIR
+    tool_path: str = DEFAULT_TOOL_PATH
     hccn_conf: Path = DEFAULT_HCCN_CONF
 
     def devices(self) -> tuple[int, ...]:
@@ -163,23 +169,13 @@ def parse_hccn_conf(text: str) -> dict[int, str]:
 
 def parse_chip_map(output: str) -> dict[int, tuple[int, int]]:
     """Chip Phy-ID -> (NPU ID, Chip ID) from ``npu-smi info -m``, skipping ``Mcu`` rows."""
-    lines = [line for line in output.splitlines() if line.strip()]
-    header = next((i for i, line in enumerate(lines) if "NPU ID" in line), None)
+    header = next((line for line in output.splitlines() if "NPU ID" in line), None)
     if header is None:
         raise TableInputError("npu-smi info -m printed no 'NPU ID' header")
-    columns = _COLUMNS.split(lines[header].strip())
-    if "Chip Phy-ID" not in columns:
+    if "Chip Phy-ID" not in header:
         raise TableInputError("npu-smi info -m has no 'Chip Phy-ID' column (not an Atlas A3 host?); "
                           "pass --super-device-id N=SDID and --super-pod-id")
-    npu, chip, phy = (columns.index(c) for c in ("NPU ID", "Chip ID", "Chip Phy-ID"))
-    chips: dict[int, tuple[int, int]] = {}
-    for line in lines[header + 1:]:
-        cells = _COLUMNS.split(line.strip())
-        numbers = [whole_number(cells[i]) if len(cells) > i else None for i in (phy, npu, chip)]
-        phy_id, npu_id, chip_id = numbers
-        if phy_id is not None and npu_id is not None and chip_id is not None:  # not Mcu, not '-'
-            chips[phy_id] = (npu_id, chip_id)
-    return chips
+    return {device: (die.npu, die.chip) for device, die in read_chip_map(output).items()}
 
 
 def parse_spod_info(output: str) -> SuperPodInfo:

@@ -20,10 +20,11 @@ from launcher.errors import ConfigError, LaunchError
 from launcher.limits import MAX_NODES, shown, whole_number
 from parallel import contract
 from parallel.contract import BadInput
-from rank_tables.ascend import ASCEND_TOOL_DIR, DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
+from rank_tables.ascend import DEFAULT_DEVFS, DEFAULT_HCCN_CONF, AscendHost, this_host_ip
 from rank_tables.bounded import display_name
 from rank_tables.errors import RankTableError
 from rank_tables.generate import GenerateConfig, GeneratedServer, generate_server, parse_assignments, parse_device_list
+from rank_tables.host_devices import tool_path
 from rank_tables.merge import merge_tables
 from rank_tables.show import format_table
 from rank_tables.table import InvalidRankTable, RankTable, load_rank_table
@@ -188,7 +189,7 @@ def _given(option: str, value: str) -> str:
 
 
 def _tool_path() -> str:
-    return os.pathsep.join(p for p in (os.environ.get("PATH", ""), ASCEND_TOOL_DIR) if p)
+    return tool_path(os.environ)
 
 
 def _write(table: RankTable, output: str) -> None:

@@ -16,13 +16,16 @@ column, ``CPU Affinity``; on a 910B server two cards share each NUMA node's core
 split evenly between all cards that report the same range, so two cards never get the same cores,
 not even when two jobs on one host use one card each (``ASCEND_RT_VISIBLE_DEVICES``), and it is
 kept within the cores this launcher may use. The topology's ``NPU<n>`` rows are matched to the
-driver's ``davinci<n>``: on A2 (910B) servers NPU id, chip logic id and physical id are the
-same number. Elsewhere (CPU ranks, no npu-smi, or an affinity outside the allowed cores): the cores
-this process may use (``os.sched_getaffinity``: a container's cpuset, or ``taskset`` around
-npu-launch) in contiguous blocks by local rank, as even as they divide (the first blocks one core
-larger). With more ranks than cores, neighbouring ranks share a core, as evenly as they divide,
-and the launcher says so. A list (``--bind-cores 0-15``) is split the same way; every core in it
-must be allowed.
+driver's ``davinci<n>`` through ``rank_tables.host_devices`` (the one model of a host's devices
+the card checks and rank tables read too): ``n`` is a chip logic id, mapped to its physical id by
+``npu-smi info -m`` (on A2 (910B) servers the same number; on Atlas A3, two dies per NPU, the
+map says). ``npu-smi`` is looked up on ``PATH``, then ``/usr/local/sbin`` and the driver's tool
+folder; the plan names the binary. Elsewhere (CPU ranks, no npu-smi, or an affinity outside
+the allowed cores): the cores this process may use (``os.sched_getaffinity``: a container's
+cpuset, or ``taskset`` around npu-launch) in contiguous blocks by local rank, as even as they
+divide (the first blocks one core larger). With more ranks than cores, neighbouring ranks share
+a core, as evenly as they divide, and the launcher says so. A list (``--bind-cores 0-15``) is
+split the same way; every core in it must be allowed.
 
 Applying it. A bound rank starts as ``taskset -c CORES ARGV`` (with ``--bind-numa``,
 ``numactl --physcpubind=CORES --membind=NODES ARGV``: its memory on the NUMA nodes of its cores),
@@ -45,6 +48,7 @@ from launcher.config.cpu_list import AUTO, NUMA_OPTION, OPTION, format_cpu_list,
 from launcher.errors import ConfigError
 from launcher.limits import shown
 from parallel import contract
+from rank_tables.host_devices import HostDevices, find_tool, parse_chip_map
 
 _TOPO_TIMEOUT = 10.0
 _SYS_NODES = "/sys/devices/system/node"
@@ -143,13 +147,17 @@ class HostCores:
     nodes: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     mems_allowed: tuple[int, ...] = ()
     tools: frozenset[str] = frozenset()
+    topo_tool: str = "npu-smi"
+    """The ``npu-smi`` binary the affinity came from (the plan names it)."""
 
     @classmethod
     def here(cls, with_topo: bool) -> "HostCores":
         """This host, as this process sees it; ``npu-smi`` is asked only ``with_topo``."""
-        affinity, note = card_affinity() if with_topo else ({}, "")
+        tool = find_tool("npu-smi", os.environ) if with_topo else None
+        affinity, note = card_affinity(tool) if with_topo else ({}, "")
         return cls(tuple(sorted(os.sched_getaffinity(0))), affinity, note, numa_nodes(),
-                   mems_allowed(), frozenset(t for t in ("taskset", "numactl") if shutil.which(t)))
+                   mems_allowed(), frozenset(t for t in ("taskset", "numactl") if shutil.which(t)),
+                   tool or "npu-smi")
 
 
 def read_topo(text: str) -> dict[int, tuple[int, ...]]:
@@ -168,20 +176,34 @@ def read_topo(text: str) -> dict[int, tuple[int, ...]]:
     return affinity
 
 
-def card_affinity() -> tuple[dict[int, tuple[int, ...]], str]:
-    """Each card's CPU affinity from ``npu-smi info -t topo``, or nothing and why."""
-    if shutil.which("npu-smi") is None:
-        return {}, "npu-smi is not on PATH"
+def card_affinity(tool: Optional[str]) -> tuple[dict[int, tuple[int, ...]], str]:
+    """Each device's CPU affinity from ``TOOL info -t topo`` (its ``NPU<n>`` rows are logic
+    ids, mapped to devices by ``TOOL info -m``), or nothing and why."""
+    if tool is None:
+        return {}, "no npu-smi on PATH, in /usr/local/sbin or in the driver's tool folder"
+    out, why = _npu_smi(tool, "info", "-t", "topo")
+    if out is None:
+        return {}, why
+    by_logic = read_topo(out)
+    if not by_logic:
+        return {}, f"{tool} info -t topo shows no CPU Affinity"
+    chips, _ = _npu_smi(tool, "info", "-m")
+    devices = HostDevices(dies=parse_chip_map(chips or ""))
+    return {devices.device_of_logic(n): cores for n, cores in by_logic.items()}, ""
+
+
+def _npu_smi(tool: str, *args: str) -> tuple[Optional[str], str]:
+    """``(stdout, "")`` of ``tool args``, or ``(None, why)``."""
+    what = " ".join((tool, *args))
     try:
-        done = subprocess.run(["npu-smi", "info", "-t", "topo"], capture_output=True, text=True,
-                              errors="replace", timeout=_TOPO_TIMEOUT, stdin=subprocess.DEVNULL)
+        done = subprocess.run([tool, *args], capture_output=True, text=True, errors="replace",
+                              timeout=_TOPO_TIMEOUT, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return {}, f"npu-smi info -t topo failed ({type(e).__name__})"
+        return None, f"{what} failed ({type(e).__name__})"
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
-        return {}, f"npu-smi info -t topo failed: {shown(said)}"
-    affinity = read_topo(done.stdout)
-    return affinity, "" if affinity else "npu-smi info -t topo shows no CPU Affinity"
+        return None, f"{what} failed: {shown(said)}"
+    return done.stdout, ""
 
 
 def numa_nodes(root: str = _SYS_NODES) -> dict[int, tuple[int, ...]]:
@@ -276,7 +298,7 @@ def _card_share(card: int, host: HostCores) -> tuple[tuple[int, ...], str]:
     within the allowed cores, and how it was found; empty, and why, when there is none."""
     affinity = host.affinity.get(card)
     if affinity is None:
-        return (), f"npu-smi info -t topo has no row NPU{card}"
+        return (), f"{host.topo_tool} info -t topo has no row for device {card}"
     peers = sorted(n for n, cores in host.affinity.items() if cores == affinity)
     block = split(affinity, len(peers))[peers.index(card)]
     usable = tuple(c for c in block if c in set(host.allowed))
@@ -284,7 +306,7 @@ def _card_share(card: int, host: HostCores) -> tuple[tuple[int, ...], str]:
         return (), (f"card {card}'s share {format_cpu_list(block)} of its CPU affinity "
                     f"{format_cpu_list(affinity)} is outside them")
     return usable, (f"card {card}: its share of CPU affinity {format_cpu_list(affinity)}, "
-                    f"which {len(peers)} card(s) report in npu-smi info -t topo")
+                    f"which {len(peers)} card(s) report in {host.topo_tool} info -t topo")
 
 
 def _sharing(block: tuple[int, ...], blocks: Sequence[tuple[int, ...]]) -> int:

@@ -7,7 +7,6 @@ count, devices this host does not have).
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -19,8 +18,9 @@ from launcher.errors import ConfigError
 from launcher.limits import shown
 from launcher.plan.launch_plan import RankAssignment
 from parallel import contract
-from rank_tables.ascend import ASCEND_TOOL_DIR, AscendHost, this_host_ip
+from rank_tables.ascend import AscendHost, this_host_ip
 from rank_tables.generate import GenerateConfig, generate_server
+from rank_tables.host_devices import tool_path
 from rank_tables.table import RankTable, load_rank_table
 
 AUTO = "auto"
@@ -42,9 +42,8 @@ def load_or_generate(option: str, cards: Optional[int], environ: Mapping[str, st
     if option != AUTO:
         return load_rank_table(option)
     config = GenerateConfig(server_id=server_id or this_host_ip())
-    # The driver's tool folder first, then PATH: hccn_tool is often only in the former.
-    tools = os.pathsep.join((ASCEND_TOOL_DIR, environ.get("PATH", "")))
-    host = AscendHost(devfs=Path(environ.get(contract.DEVFS, "/dev")), tool_path=tools)
+    # PATH, then /usr/local/sbin and the driver's tool folder: as the card checks look.
+    host = AscendHost(devfs=Path(environ.get(contract.DEVFS, "/dev")), tool_path=tool_path(environ))
     table = generate_server(config, host).table
     if cards is not None:
         devices = table.servers[0].devices[:cards]

@@ -103,7 +103,7 @@ def test_a_cpuset_narrows_the_affinity_and_else_the_allowed_cores_are_split() ->
     assert outside[0].how == ("this host's allowed cores 0-23 split by local rank: card 0's "
                               "share 144-155 of its CPU affinity 144-167 is outside them")
     missing = resolve([Binding("auto", card=9)], _host(range(4)))
-    assert "npu-smi info -t topo has no row NPU9" in missing[0].how
+    assert "npu-smi info -t topo has no row for device 9" in missing[0].how
 
 
 def test_without_npu_smi_or_cards_the_allowed_cores_are_split() -> None:
