@@ -3,8 +3,9 @@
 * At start-up: preflight's answers (``HostCheck.card_health``) refuse the job in one line
   naming each bad card (``node3 card 5: link DOWN (hccn_tool -i 5 -link -g)``), or, with
   ``--min-nodes``, leave the hosts out whose only fault is a card, if enough remain; a single
-  node checks its own cards in-process (``check_here``). Hosts that lack the tools are named
-  once (``skipped_note``).
+  node checks its own cards in-process (``check_here``). Hosts that lack the tools, or whose
+  tools print what no rule reads, are named once (``skipped_note``); the binaries the checks
+  ran are named once too (``tools_note``), so a plan says which ``npu-smi`` it trusted.
 * Before a restart (``recheck_before_restart``): the host whose ranks failed waits, at most
   ``--card-free-timeout`` seconds, until no process holds its cards, then checks them again; a
   card still held or now bad leaves the host out (``--min-nodes``) or stops the job.
@@ -47,6 +48,20 @@ def skipped_note(reports: Mapping[str, Optional[CardReport]]) -> Optional[str]:
     return f"npu-launch: card checks skipped on {'; '.join(parts)}"
 
 
+def tools_note(reports: Mapping[str, Optional[CardReport]]) -> Optional[str]:
+    """One line naming the tool binaries the hosts' card checks ran, hosts with the same ones
+    together; None when no check ran a tool."""
+    by_tools: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for host, report in reports.items():
+        if report is not None and report.tools:
+            by_tools.setdefault(tuple(sorted(report.tools.items())), []).append(host)
+    if not by_tools:
+        return None
+    parts = [f"{', '.join(hosts)} ({', '.join(path for _, path in tools)})"
+             for tools, hosts in by_tools.items()]
+    return f"npu-launch: card checks ran {'; '.join(parts)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class StartCards:
     """Preflight's card verdict: the hosts to leave out, and what to say."""
@@ -60,8 +75,8 @@ def judge_at_start(checks: Sequence[HostCheck], min_nodes: Optional[int]) -> Sta
     is bad and its host cannot be left out; else the hosts to leave out and the notes."""
     bad = [c for c in checks if c.only_cards_bad]
     others_fail = any(not c.ok and not c.only_cards_bad for c in checks)
-    skipped = skipped_note({c.host: c.card_health for c in checks})
-    notes = (skipped,) if skipped else ()
+    reports = {c.host: c.card_health for c in checks}
+    notes = tuple(n for n in (tools_note(reports), skipped_note(reports)) if n)
     if not bad or others_fail:  # other faults are told by preflight's table
         return StartCards((), notes)
     problems = [(c.host, p) for c in bad for p in c.bad_cards]
@@ -97,9 +112,9 @@ def check_here(plan: LaunchPlan, node_rank: int, environ: Mapping[str, str],
     report = check_cards(physical_cards(plan, host, environ), environ)
     if report.problems:
         raise LaunchError(refusal([(host, p) for p in report.problems]))
-    note = skipped_note({host: report})
-    if note:
-        notes.write(note + "\n")
+    for note in (tools_note({host: report}), skipped_note({host: report})):
+        if note:
+            notes.write(note + "\n")
 
 
 @dataclasses.dataclass(frozen=True)

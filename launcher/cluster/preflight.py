@@ -278,5 +278,17 @@ def render(checks: Sequence[HostCheck]) -> str:
                     ((card_column(check.card_health),) if cards else ()) +
                     ("ok" if check.ok else "FAIL: " + "; ".join(check.problems),))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
-                     for r in rows)
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
+                      for r in rows)
+    return table + "".join(f"\n{line}" for line in _tool_lines(checks))
+
+
+def _tool_lines(checks: Sequence[HostCheck]) -> list[str]:
+    """``card tools: node1, node2: /usr/local/sbin/npu-smi, ...``: which binaries each host's
+    card checks ran (hosts differ: a PATH, an image)."""
+    by_tools: dict[tuple[str, ...], list[str]] = {}
+    for check in checks:
+        if check.card_health is not None and check.card_health.tools:
+            paths = tuple(path for _, path in sorted(check.card_health.tools.items()))
+            by_tools.setdefault(paths, []).append(check.host)
+    return [f"card tools: {', '.join(hosts)}: {', '.join(paths)}" for paths, hosts in by_tools.items()]
