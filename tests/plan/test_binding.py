@@ -337,3 +337,28 @@ def test_a_multi_host_plan_with_cores_found_on_each_host_passes_the_checks(tmp_p
                           cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "cmd: " in result.stdout and "taskset" not in result.stdout.split("127.0.0.2:2")[1]
+
+
+def test_on_an_a3_host_the_topology_rows_are_mapped_through_the_chip_map(weird_tmp: Path) -> None:
+    """16 devices (8 NPUs x 2 dies). No A3 ``-t topo`` capture is known: the recorded 910B
+    layout is given 16 rows, and the recorded A3 ``npu-smi info -m`` has logic ids 0 and 1
+    swapped, so the row ``NPU0`` is device 1's: the binding, the card checks and the rank
+    tables read one model of the host (``rank_tables.host_devices``)."""
+    first, last = str(ALLOWED[0]), str(ALLOWED[-1])
+    folder = weird_tmp / "a3 topo host"
+    folder.mkdir()
+    rows = [line for line in TOPO.splitlines() if re.match(r"NPU0\s", line)]
+    header = next(line for line in TOPO.splitlines() if "CPU Affinity" in line)
+    topo = [header] + [re.sub(r"\S+$", first if n == 0 else last, rows[0].replace("NPU0", f"NPU{n}", 1))
+                       for n in range(16)]
+    (folder / "topo.txt").write_text("\n".join(topo) + "\n")
+    chip_map = (ASCEND_FIXTURES / "a3_host" / "info-m.txt").read_text().splitlines()
+    for line, (chip, logic) in ((1, (0, 1)), (2, (1, 0))):  # NPU 0's dies: Phy-ID 0 and 1
+        chip_map[line] = f"\t{0:<31}{chip:<31}{logic:<31}{chip:<31}Ascend910"
+    (folder / "info-m.txt").write_text("\n".join(chip_map) + "\n")
+    env = {**os.environ, **fake_ascend_env(weird_tmp, range(16), "a3_host"),
+           "FAKE_NPU_SMI_DIR": str(folder), "NPL_FAKE_NPU_SMI_INFO": "npu-smi-info-a3.txt"}
+    plan, err = _dry_run(weird_tmp, "--device", "npu", "--cards", "2", "--bind-cores", "auto", env=env)
+    assert [r["binding"]["card"] for r in plan["ranks"]] == [0, 1]
+    assert _cores(plan) == [last, first], err
+    assert str(ASCEND_FIXTURES / "bin" / "npu-smi") in plan["ranks"][1]["binding"]["how"]
