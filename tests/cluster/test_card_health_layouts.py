@@ -27,8 +27,15 @@ A3_26 = "npu-smi-info-a3-26.0.txt"
 NEW_950 = "npu-smi-info-950.txt"
 
 
+def recording(name: str) -> str:
+    """A recording as the tool printed it: without the fixture's leading ``# `` lines (its
+    source and npu-smi version)."""
+    lines = (TOOLS / name).read_text().splitlines(keepends=True)
+    return "".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("# ")):])
+
+
 def _recorded(name: str) -> HostDevices:
-    return parse_info((TOOLS / name).read_text())
+    return parse_info(recording(name))
 
 
 def a3_host(weird_tmp: Path, recording: str = A3) -> dict:
@@ -81,7 +88,7 @@ def test_a_layout_no_rule_reads_is_said_not_guessed() -> None:
 def test_several_dies_without_a_phy_id_column_need_the_chip_map() -> None:
     """NPU 0 with two dies and no Phy-ID column (910A rows rearranged): not guessed without
     ``npu-smi info -m``, and read with it."""
-    text = (TOOLS / "npu-smi-info-910a.txt").read_text()
+    text = recording("npu-smi-info-910a.txt")
     text = text.replace("| 1     910ProB  ", "| 0     910ProB  ").replace(
         "| 0                         | 0000:81", "| 1                         | 0000:81")
     assert parse_info(text).not_understood == ("NPU 0 has several dies and neither a Phy-ID column "
@@ -102,7 +109,7 @@ def test_the_chip_map_maps_logic_ids_to_devices() -> None:
 def test_the_fake_replays_each_recording_byte_for_byte(name: str, weird_tmp: Path) -> None:
     out = subprocess.run(["npu-smi", "info"], env=a3_host(weird_tmp, name), capture_output=True,
                          text=True, check=True).stdout
-    assert out == (TOOLS / name).read_text()
+    assert out == recording(name)
 
 
 # One verdict each, on a 16-device A3 host ---------------------------------------------------------
