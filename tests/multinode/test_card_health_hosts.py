@@ -6,6 +6,9 @@ the device nodes plain files; the processes that hold them are real.
   ``--min-nodes`` its host is left out at start-up and the job finishes on the other host, its
   data-parallel replicas equal.
 * A host without the tools is named once as unchecked.
+* A mixed cluster: an Atlas A3 host (16 devices, two dies per NPU) has its 16 cards checked per
+  die (an alarmed die refuses the job, naming that die), and a host whose npu-smi prints a layout
+  no rule reads (Ascend 950) is named once as unchecked, refusing nothing.
 * A stray process holding a failed host's card delays the restart until it lets go; the job
   then resumes and finishes.
 """
@@ -119,3 +122,31 @@ def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory
     assert attempts[1]["started_at"] > let_go > attempts[0]["ended_at"], (let_go, attempts)
     assert len(set(checksums(out).values())) == 1
     assert_no_job_processes(cluster, job)
+
+
+def test_an_a3_host_is_checked_per_die_and_an_unknown_layout_is_skipped(ssh_cluster, tmp_path_factory) -> None:
+    cluster = ssh_cluster
+    work = tmp_path_factory.mktemp("a3")
+    write_hostfile(work, cluster, slots=16)
+    job_dir(cluster, work, scripts=(JOB,))
+    a, b = cluster.names
+    try:
+        for host, recording in ((a, "npu-smi-info-a3.txt"), (b, "npu-smi-info-950.txt")):
+            give_cards(cluster, host, range(16))
+            break_card(cluster, host, "recording", recording)
+        planned = run_on_node0(cluster, _args(cluster, work, "a3-planned", "--dry-run", JOB),
+                               cwd=work, env=node0_env(cluster))
+        assert planned.returncode == 0, planned.stderr
+        said = [line for line in planned.stderr.splitlines() if "card checks" in line]
+        assert said == [
+            f"npu-launch: card checks ran {a}, {b} (/tmp/npl-ascend/bin/hccn_tool, /tmp/npl-ascend/bin/npu-smi)",
+            f"npu-launch: card checks skipped on {b} (health and processes: /tmp/npl-ascend/bin/npu-smi info "
+            "(npu-smi 25.7.rc1) not understood: no '| NPU  Name | Health |' header)"], planned.stderr
+        break_card(cluster, a, "health_9", "Alarm")  # NPU 4's second die
+        refused = run_on_node0(cluster, _args(cluster, work, "a3-refused", "--dry-run", JOB),
+                               cwd=work, env=node0_env(cluster))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"npu-launch: error: {a} card 9: health Alarm (npu-smi info): nothing was started")
+    finally:
+        take_cards(cluster, cluster.names)
