@@ -38,6 +38,7 @@ EXAMPLES: dict[str, str] = {
     "run": "npu-launch --cards 8 train.py --lr 0.1",
     "preflight": "npu-launch preflight --hostfile hosts",
     "report": "npu-launch report npu_launch_logs/20261201-165259-1a6e",
+    "diagnose": "npu-launch diagnose npu_launch_logs/20261201-165259-1a6e ~/ascend/log/debug/plog",
     "rank-table": "npu-launch rank-table generate --devices 0-7",
     "rank-table generate": "npu-launch rank-table generate --devices 0-7 -o hccl_8p.json",
     "rank-table merge": "npu-launch rank-table merge node1.json node2.json -o cluster.json",

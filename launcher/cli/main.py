@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from launcher import __version__
+from launcher.cli.diagnose import diagnose_command
 from launcher.cli.help_groups import EXAMPLES, GroupedCommand, HelpGroup
 from launcher.cli.rank_table import rank_table
 from launcher.cli.run_config import build_config, pointing_at, working_dir
@@ -212,6 +213,7 @@ def preflight_command(hostfile: str, include: Optional[str], exclude: Optional[s
 
 cli.add_command(rank_table)
 cli.add_command(report)
+cli.add_command(diagnose_command)
 
 
 @cli.command("msrun", add_help_option=False, context_settings={

@@ -28,6 +28,7 @@ def diagnose_files(files: Sequence[LogFile], knowledge: Optional[Knowledge] = No
     kb = knowledge or load()
     notes = [] if notes is None else notes
     found: dict[Optional[int], tuple[Optional[str], list[Hit]]] = {}
+    read = 0
     for i, log in enumerate(files):
         if deadline is not None and time.monotonic() > deadline:
             notes.append(f"{len(files) - i} log file(s) not read in time")
@@ -37,10 +38,11 @@ def diagnose_files(files: Sequence[LogFile], knowledge: Optional[Knowledge] = No
         except Unreadable as e:
             notes.append(str(e))
             continue
+        read += 1
         key = log.rank if log.rank is not None else None
         _, seen = found.setdefault(key, (log.host, []))
         seen.extend(hits)
     for _, hits in found.values():
         hits.sort(key=lambda h: kb.faults.index(h.fault))
     diagnosis = decide(found, blamed)
-    return Diagnosis(diagnosis.findings, tuple(notes))
+    return Diagnosis(diagnosis.findings, tuple(notes), read)

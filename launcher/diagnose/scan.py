@@ -17,6 +17,7 @@ BLOCK = 4 << 20
 MAX_LINE = 1 << 20
 SNIFF = 8192
 SHOWN_CHARS = 300
+CONTEXT = 4096
 
 
 class Unreadable(Exception):
@@ -101,14 +102,18 @@ def _search(data: bytes, first_line: int, path: str, knowledge: Knowledge,
             hits: dict[str, Hit]) -> None:
     """Every hit of the knowledge base in ``data`` (whole lines, the first numbered
     ``first_line``), added to ``hits``."""
-    at, line_no = 0, first_line
+    at, line_no, last = 0, first_line, -1
     for match in knowledge.any.finditer(data):
         begin = data.rfind(b"\n", 0, match.start()) + 1
+        if begin == last:  # another pattern on a line already told apart
+            continue
+        last = begin
         end = data.find(b"\n", match.end())
         end = len(data) if end < 0 else end
         line_no += data.count(b"\n", at, begin)
         at = begin
-        line = data[begin:min(end, begin + MAX_LINE)]
+        # Around the hit only: a line of 100 MB is not copied whole.
+        line = data[max(begin, match.start() - CONTEXT):min(end, match.end() + CONTEXT)]
         fault = knowledge.classify(line)
         if fault is not None:
             _add(hits, fault, path, line_no, line)

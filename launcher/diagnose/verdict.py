@@ -36,6 +36,7 @@ class Diagnosis:
 
     findings: tuple[Finding, ...] = ()
     notes: tuple[str, ...] = ()
+    files_read: int = 0
 
     @property
     def named(self) -> bool:
