@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 import jsonschema
 import yaml
 
+from launcher.diagnose.keys import fewest, key_of
 from parallel.contract import BadInput
 
 FAULTS_FILE = "faults.yaml"
@@ -69,6 +70,8 @@ class Knowledge:
 
     faults: tuple[Fault, ...]
     any: re.Pattern[bytes]
+    keys: tuple[str, ...] = ()
+    """The literals every hit holds one of (``launcher.diagnose.keys``), for the fast pass."""
 
     def by_id(self, fault_id: str) -> Fault:
         return next(f for f in self.faults if f.id == fault_id)
@@ -89,7 +92,15 @@ def parse(text: str, source: str = FAULTS_FILE) -> Knowledge:
     ids = [f.id for f in faults]
     if len(set(ids)) != len(ids):
         raise BadInput(f"{source}: duplicate ids: {sorted({i for i in ids if ids.count(i) > 1})}")
-    return Knowledge(tuple(faults), _together(faults))
+    keys = []
+    for fault in faults:
+        for pattern in fault.patterns:
+            key = key_of(pattern)
+            if len(key.strip()) < 2:
+                raise BadInput(f"{source}: {fault.id}: pattern {pattern!r} has no literal of two "
+                               "characters or more to look for")
+            keys.append(key)
+    return Knowledge(tuple(faults), _together(faults), tuple(fewest(keys)))
 
 
 def _fault(entry: dict[str, Any], source: str) -> Fault:

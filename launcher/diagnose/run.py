@@ -1,11 +1,11 @@
 """A diagnosis of files: scan each once, group by rank, decide."""
 from __future__ import annotations
 
-import time
 from typing import Optional, Sequence
 
+from launcher.diagnose.fast import scan_all
 from launcher.diagnose.knowledge import Knowledge, load
-from launcher.diagnose.scan import Hit, Unreadable, scan_file
+from launcher.diagnose.scan import Hit, Unreadable
 from launcher.diagnose.sources import LogFile, collect
 from launcher.diagnose.verdict import Diagnosis, decide
 
@@ -29,19 +29,19 @@ def diagnose_files(files: Sequence[LogFile], knowledge: Optional[Knowledge] = No
     notes = [] if notes is None else notes
     found: dict[Optional[int], tuple[Optional[str], list[Hit]]] = {}
     read = 0
-    for i, log in enumerate(files):
-        if deadline is not None and time.monotonic() > deadline:
-            notes.append(f"{len(files) - i} log file(s) not read in time")
-            break
-        try:
-            hits = scan_file(log.path, kb, log.start)
-        except Unreadable as e:
-            notes.append(str(e))
+    results = scan_all([(log.path, log.start) for log in files], kb, deadline)
+    if len(results) < len(files):
+        notes.append(f"{len(files) - len(results)} log file(s) not read in time")
+    for log in files:
+        result = results.get(log.path)
+        if isinstance(result, Unreadable):
+            notes.append(str(result))
+            continue
+        if result is None:
             continue
         read += 1
-        key = log.rank if log.rank is not None else None
-        _, seen = found.setdefault(key, (log.host, []))
-        seen.extend(hits)
+        _, seen = found.setdefault(log.rank, (log.host, []))
+        seen.extend(result)
     for _, hits in found.values():
         hits.sort(key=lambda h: kb.faults.index(h.fault))
     diagnosis = decide(found, blamed)

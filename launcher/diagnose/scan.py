@@ -51,6 +51,15 @@ def scan_file(path: str, knowledge: Knowledge, start: int = 0) -> list[Hit]:
         raise Unreadable(f"{path}: {e.strerror or e}") from None
 
 
+def sniff(path: str) -> None:
+    """Raise ``Unreadable`` for a file that cannot be opened or is not UTF-8 text."""
+    try:
+        with open(path, "rb") as f:
+            _sniff(f, path)
+    except OSError as e:
+        raise Unreadable(f"{path}: {e.strerror or e}") from None
+
+
 def _sniff(f: BinaryIO, path: str) -> None:
     head = f.read(SNIFF)
     if b"\0" in head:
@@ -116,10 +125,10 @@ def _search(data: bytes, first_line: int, path: str, knowledge: Knowledge,
         line = data[max(begin, match.start() - CONTEXT):min(end, match.end() + CONTEXT)]
         fault = knowledge.classify(line)
         if fault is not None:
-            _add(hits, fault, path, line_no, line)
+            add_hit(hits, fault, path, line_no, line)
 
 
-def _add(hits: dict[str, Hit], fault: Fault, path: str, line_no: int, line: bytes) -> None:
+def add_hit(hits: dict[str, Hit], fault: Fault, path: str, line_no: int, line: bytes) -> None:
     seen: Optional[Hit] = hits.get(fault.id)
     if seen is None:
         text = line.decode("utf-8", "replace").strip()
