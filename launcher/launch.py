@@ -31,6 +31,7 @@ from launcher.cluster.payload import serving
 from launcher.config.frameworks import FrameworkNote, mindspore_only
 from launcher.config.launch_config import LaunchConfig
 from launcher.console_lines import RankLines
+from launcher.diagnose import LIKELY_CAUSE, diagnosed, diagnosis_last, warm_up
 from launcher.errors import ConfigError
 from launcher.hangs.hang_limits import Learnt, Limits
 from launcher.hangs.stalls import HangCheck
@@ -80,6 +81,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str], out: TextIO, err: T
             out.write((job.plan.to_json() if config.json else job.plan.render()) + "\n"
                       + (f"{note}\n" if note else ""))
             return 0
+        warm_up()  # the knowledge base read while the job runs, not as it fails
         lock = LogDirLock(_own_log_dir(job), job.plan.job_id).acquire()
         try:
             result = _run_monitored(job, config, environ, out, err, saves)
@@ -110,7 +112,7 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
                      monitor.phases_note(), monitor.checkpoint_note()):
             if note is not None:
                 result = dataclasses.replace(result, message=f"{result.message}\n{note}".lstrip())
-        return result
+        return diagnosis_last(result)
     finally:
         console.close()
         stall = hangs.first if hangs else None
@@ -121,7 +123,7 @@ def _run_monitored(job: Job, config: LaunchConfig, environ: Mapping[str, str], o
             monitor.close("error", 1, "npu-launch itself failed", stall)
         else:
             monitor.close(result.outcome.value, result.exit_code, result.message, stall,
-                          result.cause)
+                          result.cause, result.diagnosis)
 
 
 def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str],
@@ -161,6 +163,7 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         if spares is not None:
             spares.wanted = job.plan.restart < policy.max_restarts
         result = attempt.blame(run_job(job, config, environ, console, attempt, err, spares))
+        result = diagnosed(result, job.plan, started)
         plan = job.plan
         attempts.monitor.attempt_ended(AttemptRecord.of(
             plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
@@ -184,7 +187,9 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         console.begin_attempt(again)  # the old attempt's lines before this line, or tagged
         err.write(f"npu-launch: restart {again} of {policy.max_restarts}"
                   f"{f' in {waited:g} s' if waited else ''} after: "
-                  f"{first_line.removeprefix('npu-launch: ')}\n")
+                  f"{first_line.removeprefix('npu-launch: ')}\n"
+                  + "".join(f"{line}\n" for line in result.message.splitlines()
+                            if line.startswith(LIKELY_CAUSE)))
         bad = recheck_before_restart(plan, job.backend, blamed[-1], config.card_free_timeout,
                                      environ, err)  # launcher.cluster.card_checks
         job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,

@@ -53,6 +53,11 @@ DEVICE_ID = "DEVICE_ID"
 RANK_SIZE = "RANK_SIZE"
 ASCEND_RT_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
 
+# CANN's own logs (plog, device logs): kept in the job's log directory, one folder per rank.
+ASCEND_PROCESS_LOG_PATH = "ASCEND_PROCESS_LOG_PATH"
+"""Where CANN writes a rank's own logs: ``<log dir>/ascend/rank_<N>`` unless the user set it;
+``npu-launch``'s diagnosis reads them with the rank's log."""
+
 # torchrun-style identity.
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"

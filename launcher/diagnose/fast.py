@@ -110,6 +110,11 @@ class _Reader:
     def run(self, command: list[str], paths: list[str]) -> None:
         proc = subprocess.Popen([*command, "--", *paths], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+        # A grep that finds nothing prints nothing: only a timer stops it at the deadline.
+        timer = None if self.deadline is None else \
+            threading.Timer(max(0.0, self.deadline - time.monotonic()), proc.kill)
+        if timer is not None:
+            timer.start()
         try:
             for raw in proc.stdout or ():
                 if self.deadline is not None and time.monotonic() > self.deadline:
@@ -117,6 +122,8 @@ class _Reader:
                 with self._lock:
                     self._take(raw)
         finally:
+            if timer is not None:
+                timer.cancel()
             proc.kill()
             proc.wait()
 

@@ -279,7 +279,8 @@ class JobMonitor:
             return state.progress.copy() if state is not None else None
 
     def close(self, outcome: str, exit_code: int, message: str = "",
-              stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict:
+              stall: Optional[Stall] = None, cause: Optional[Cause] = None,
+              diagnosis: Sequence[Mapping[str, Any]] = ()) -> dict:
         """Finish the display, close metrics.jsonl, write summary.json atomically; return it.
 
         Closing again returns the first summary unchanged."""
@@ -293,7 +294,7 @@ class JobMonitor:
                     self._metrics = None
                 self._summary = build_summary(self._job_id, self._state, self._started,
                                               self._clock(), str(getattr(outcome, "value", outcome)),
-                                              exit_code, message, stall, cause)
+                                              exit_code, message, stall, cause, diagnosis)
                 text = json.dumps(self._summary, indent=2, default=str) + "\n"
                 atomic_write_bytes(os.path.join(self._log_dir, SUMMARY_FILE), text.encode())
             return self._summary
@@ -330,14 +331,17 @@ def _attempt_text(attempt: AttemptEntry) -> str:
 
 def build_summary(job_id: str, state: JobState, started: Optional[float], ended: Optional[float],
                   outcome: str, exit_code: Optional[int], message: str = "",
-                  stall: Optional[Stall] = None, cause: Optional[Cause] = None) -> dict[str, Any]:
+                  stall: Optional[Stall] = None, cause: Optional[Cause] = None,
+                  diagnosis: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The summary.json document: the one place that builds it, for the monitor at the end of a
     job and for ``npu-launch report`` rebuilding it from metrics.jsonl. ``root_cause`` is what
     ended the job, structured (``failures.Cause``); ``stall`` the first rank seen falling
-    behind, whether or not it ended the job."""
+    behind, whether or not it ended the job; ``diagnosis`` the known faults found in the
+    logs (``launcher.diagnose``: rank, host, id, cause, fix, evidence, consequence_of)."""
     duration = ended - started if started is not None and ended is not None else None
     return {"job_id": job_id, "outcome": outcome, "exit_code": exit_code, "message": message,
             "root_cause": cause.to_json() if cause else None,
+            "diagnosis": [dict(d) for d in diagnosis],
             "started_at": started, "ended_at": ended, "duration_s": duration,
             "stall": dataclasses.asdict(stall) if stall else None, **state.summary()}
 

@@ -130,6 +130,8 @@ def _rank_spec(config: LaunchConfig, inputs: PlanInputs, mode: StartMode, node: 
                     contract.MS_COMPILER_CACHE_PATH: files["compile_cache"]})
     if config.hang_timeout != 0:
         env[contract.PROGRESS] = "1"
+    if not _user_sets(contract.ASCEND_PROCESS_LOG_PATH, config, inputs):
+        env[contract.ASCEND_PROCESS_LOG_PATH] = ascend_log_dir(inputs.log_dir, rank)
     if mode is StartMode.DYNAMIC_CLUSTER:
         env.update(_cluster_env(config, inputs, world))
         env.update({contract.MS_ROLE: contract.ROLE_WORKER, contract.MS_NODE_ID: str(rank),
@@ -200,6 +202,19 @@ def compile_cache_dir(config: LaunchConfig, inputs: PlanInputs, world: int) -> s
         return ""
     launch = hashlib.sha256(f"{inputs.token} {world}".encode()).hexdigest()[:12]
     return os.path.join(inputs.log_dir, COMPILE_CACHE, launch)
+
+
+ASCEND_LOGS = "ascend"
+"""The log dir's folder of CANN's own logs, one ``rank_<N>`` folder per rank."""
+
+
+def ascend_log_dir(log_dir: str, rank: int) -> str:
+    """Where CANN writes rank ``rank``'s plog and device logs (``ASCEND_PROCESS_LOG_PATH``)."""
+    return os.path.join(log_dir, ASCEND_LOGS, f"rank_{rank}")
+
+
+def _user_sets(name: str, config: LaunchConfig, inputs: PlanInputs) -> bool:
+    return name in inputs.inherited or name in dict(config.env) or name in inputs.extra_env
 
 
 def _cluster_env(config: LaunchConfig, inputs: PlanInputs, world: int) -> dict[str, str]:

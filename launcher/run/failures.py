@@ -153,6 +153,9 @@ class JobResult:
     message: str
     ended_at: float
     cause: Optional[Cause] = None
+    diagnosis: tuple[Mapping[str, Any], ...] = ()
+    """Node 0's diagnosis of the failure (``launcher.diagnose``), for summary.json; not sent
+    by agents (node 0 reads the logs itself)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome.value, "exit_code": self.exit_code,
