@@ -5,7 +5,8 @@ A page holds a marker line ``<!-- generated: NAME -->``; the hook puts in its pl
 * ``contract-variables``: every environment variable ``parallel/contract.py`` names, with its
   section and docstring (read from the module's source, not imported);
 * ``contract-events``: every event kind the ranks and the launcher write, likewise;
-* ``msrun-help``: what ``npu-launch msrun --help`` prints.
+* ``msrun-help``: what ``npu-launch msrun --help`` prints;
+* ``faults``: every entry of the diagnosis's knowledge base (``launcher/diagnose/faults.yaml``).
 
 ``tests/test_docs.py`` checks the generated tables name every variable and event.
 """
@@ -93,8 +94,23 @@ def msrun_help() -> str:
     return f"```text\n{HELP.rstrip()}\n```"
 
 
+FAULTS = ROOT / "launcher" / "diagnose" / "faults.yaml"
+
+
+def faults_table(path: Path = FAULTS) -> str:
+    """Markdown table of every entry of the diagnosis's knowledge base, in its order."""
+    import yaml
+    rows = []
+    for entry in yaml.safe_load(path.read_text(encoding="utf-8")):
+        code = f"`{entry['code']}`" if entry.get("code") else "-"
+        after = " (usually a consequence of another rank's fault)" if entry["consequence"] else ""
+        rows.append(f"| `{entry['id']}` | {code} | {_cell(entry['cause'])}{after} | "
+                    f"{_cell(entry['fix'])} | [page]({entry['link']}) |")
+    return "\n".join(["| id | code | cause | fix | link |", "| --- | --- | --- | --- | --- |", *rows])
+
+
 GENERATORS = {"contract-variables": variables_table, "contract-events": events_table,
-              "msrun-help": msrun_help}
+              "msrun-help": msrun_help, "faults": faults_table}
 
 
 def expand(markdown: str) -> str:
