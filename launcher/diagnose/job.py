@@ -37,8 +37,11 @@ def diagnose_attempt(plan: LaunchPlan, blamed: Optional[int], since: float,
     deadline = time.monotonic() + budget
     files: list[LogFile] = []
     for spec in plan.processes:
-        if os.path.isfile(spec.log_path):
-            files.append(LogFile(spec.log_path, spec.rank, spec.host, _attempt_start(spec.log_path)))
+        # Another host's rank: node 0's streamed copy at the top of the log dir, if not shared.
+        copy = os.path.join(plan.log_dir, os.path.basename(spec.log_path))
+        path = spec.log_path if os.path.isfile(spec.log_path) else copy
+        if os.path.isfile(path):
+            files.append(LogFile(path, spec.rank, spec.host, _attempt_start(path)))
         if spec.rank is not None:
             files += [LogFile(path, spec.rank, spec.host)
                       for path in _plogs(ascend_log_dir(plan.log_dir, spec.rank), since)]

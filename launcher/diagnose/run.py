@@ -27,7 +27,7 @@ def diagnose_files(files: Sequence[LogFile], knowledge: Optional[Knowledge] = No
     reached by then are left out (a job's end must not wait on its logs)."""
     kb = knowledge or load()
     notes = [] if notes is None else notes
-    found: dict[Optional[int], tuple[Optional[str], list[Hit]]] = {}
+    found: dict[object, tuple[Optional[int], Optional[str], list[Hit]]] = {}
     read = 0
     results = scan_all([(log.path, log.start) for log in files], kb, deadline)
     if len(results) < len(files):
@@ -40,9 +40,10 @@ def diagnose_files(files: Sequence[LogFile], knowledge: Optional[Knowledge] = No
         if result is None:
             continue
         read += 1
-        _, seen = found.setdefault(log.rank, (log.host, []))
+        key = log.rank if log.rank is not None else log.path  # a file of no rank stands alone
+        _, _, seen = found.setdefault(key, (log.rank, log.host, []))
         seen.extend(result)
-    for _, hits in found.values():
+    for _, _, hits in found.values():
         hits.sort(key=lambda h: kb.faults.index(h.fault))
-    diagnosis = decide(found, blamed)
+    diagnosis = decide(list(found.values()), blamed)
     return Diagnosis(diagnosis.findings, tuple(notes), read)

@@ -63,11 +63,12 @@ class Diagnosis:
                 f"  see: {fault.link}"]
 
 
-def decide(found: dict[Optional[int], tuple[Optional[str], list[Hit]]],
+def decide(found: Sequence[tuple[Optional[int], Optional[str], Sequence[Hit]]],
            blamed: Optional[int] = None) -> Diagnosis:
-    """The diagnosis from each rank's hits (``None``: files of no known rank). Each rank is
-    represented by its first cause in the knowledge base's order, or its first consequence."""
-    picks = {rank: Finding(rank, host, _pick(hits)) for rank, (host, hits) in found.items()
+    """The diagnosis from each rank's hits (rank ``None``: a file of no known rank, on its
+    own). Each is represented by its first cause in the knowledge base's order, or its first
+    consequence."""
+    picks = {i: Finding(rank, host, _pick(hits)) for i, (rank, host, hits) in enumerate(found)
              if hits}
     causes = sorted((f for f in picks.values() if not f.hit.fault.consequence),
                     key=lambda f: (f.rank != blamed, _order(f.rank)))

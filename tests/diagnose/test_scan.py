@@ -127,3 +127,11 @@ def test_the_command_exit_codes_and_json(tmp_path):
     empty = cli(str(tmp_path / "empty"))
     assert empty.returncode == 2 and "Traceback" not in empty.stderr
     assert empty.stderr.strip().splitlines()[-1].startswith("npu-launch: error: no readable log")
+
+
+def test_files_of_no_rank_stand_alone(tmp_path):
+    _write(tmp_path / "plog" / "plog-1_1.log", EI0006 + "\n")
+    _write(tmp_path / "plog" / "plog-2_1.log", "EJ0001: Failed to initialize the HCCP process.\n")
+    found = diagnose_paths([str(tmp_path / "plog")]).to_json()
+    assert [(f["rank"], f["id"], f["evidence"]) for f in found] == [
+        (None, "hccp-init", "plog-2_1.log:1"), (None, "hccl-socket-timeout", "plog-1_1.log:1")]
