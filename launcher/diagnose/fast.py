@@ -10,6 +10,7 @@ Where grep is missing, ``launcher.diagnose.scan`` reads the files in Python.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import threading
@@ -110,6 +111,7 @@ class _Reader:
     def run(self, command: list[str], paths: list[str]) -> None:
         proc = subprocess.Popen([*command, "--", *paths], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+        _cap_memory(proc.pid)
         # A grep that finds nothing prints nothing: only a timer stops it at the deadline.
         timer = None if self.deadline is None else \
             threading.Timer(max(0.0, self.deadline - time.monotonic()), proc.kill)
@@ -124,8 +126,27 @@ class _Reader:
         finally:
             if timer is not None:
                 timer.cancel()
+            exhausted = proc.poll() == 2 or (proc.wait() == 2 and not self._late())
             proc.kill()
             proc.wait()
+        if exhausted and not self._late():
+            self._in_python(paths)
+
+    def _late(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def _in_python(self, paths: list[str]) -> None:
+        """grep gave up (a line longer than its memory cap): these files read in Python, in
+        bounded blocks (slower, about 5 MB/s), their hits merged with grep's."""
+        for path in paths:
+            try:
+                hits = scan_file(path, self.knowledge, self.starts.get(path, 0))
+            except Unreadable:
+                continue
+            with self._lock:
+                for hit in hits:
+                    if hit.fault.id not in self.found[path]:
+                        self.found[path][hit.fault.id] = hit
 
     def _take(self, raw: bytes) -> None:
         name, _, rest = raw.partition(b"\0")
@@ -145,6 +166,18 @@ class _Reader:
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+
+
+GREP_MEMORY = 64 << 20
+"""Address space a grep may use: it holds a whole line, so a file of one 100 MB line would take
+200 MB; over the cap grep stops ("memory exhausted") and its files are read in Python."""
+
+
+def _cap_memory(pid: int) -> None:
+    try:
+        resource.prlimit(pid, resource.RLIMIT_AS, (GREP_MEMORY, GREP_MEMORY))
+    except (OSError, ValueError):
+        pass  # gone already, or not allowed: grep runs uncapped
 
 
 def _line_around(files: dict[str, BinaryIO], path: str, offset: int) -> bytes:

@@ -73,6 +73,10 @@ class Knowledge:
     keys: tuple[str, ...] = ()
     """The literals every hit holds one of (``launcher.diagnose.keys``), for the fast pass."""
 
+    @functools.cached_property
+    def byte_keys(self) -> tuple[bytes, ...]:
+        return tuple(key.encode() for key in self.keys)
+
     def by_id(self, fault_id: str) -> Fault:
         return next(f for f in self.faults if f.id == fault_id)
 

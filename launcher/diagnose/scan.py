@@ -110,19 +110,27 @@ def _scan(f: BinaryIO, path: str, knowledge: Knowledge, line_no: int) -> list[Hi
 def _search(data: bytes, first_line: int, path: str, knowledge: Knowledge,
             hits: dict[str, Hit]) -> None:
     """Every hit of the knowledge base in ``data`` (whole lines, the first numbered
-    ``first_line``), added to ``hits``."""
-    at, line_no, last = 0, first_line, -1
-    for match in knowledge.any.finditer(data):
-        begin = data.rfind(b"\n", 0, match.start()) + 1
-        if begin == last:  # another pattern on a line already told apart
+    ``first_line``), added to ``hits``: each key found with ``bytes.find`` (C speed; ``re``'s
+    alternation tries every branch at every byte), each line holding one told apart once."""
+    begins = set()
+    for key in knowledge.byte_keys:
+        at = data.find(key)
+        while at >= 0:
+            begin = data.rfind(b"\n", 0, at) + 1
+            begins.add((begin, at))
+            end = data.find(b"\n", at)
+            at = -1 if end < 0 else data.find(key, end + 1)
+    line_no, counted, last = first_line, 0, -1
+    for begin, at in sorted(begins):
+        if begin == last:
             continue
         last = begin
-        end = data.find(b"\n", match.end())
+        line_no += data.count(b"\n", counted, begin)
+        counted = begin
+        end = data.find(b"\n", at)
         end = len(data) if end < 0 else end
-        line_no += data.count(b"\n", at, begin)
-        at = begin
         # Around the hit only: a line of 100 MB is not copied whole.
-        line = data[max(begin, match.start() - CONTEXT):min(end, match.end() + CONTEXT)]
+        line = data[max(begin, at - CONTEXT):min(end, at + CONTEXT)]
         fault = knowledge.classify(line)
         if fault is not None:
             add_hit(hits, fault, path, line_no, line)
