@@ -104,6 +104,8 @@ def faults_table(path: Path = FAULTS) -> str:
     for entry in yaml.safe_load(path.read_text(encoding="utf-8")):
         code = f"`{entry['code']}`" if entry.get("code") else "-"
         after = " (usually a consequence of another rank's fault)" if entry["consequence"] else ""
+        after += " (healthy runs print it too: named only beside another finding)" \
+            if entry.get("noise") else ""
         rows.append(f"| `{entry['id']}` | {code} | {_cell(entry['cause'])}{after} | "
                     f"{_cell(entry['fix'])} | [page]({entry['link']}) |")
     return "\n".join(["| id | code | cause | fix | link |", "| --- | --- | --- | --- | --- |", *rows])

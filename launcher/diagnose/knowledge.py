@@ -37,6 +37,7 @@ SCHEMA: dict[str, Any] = {
             "fix": {"type": "string", "minLength": 10},
             "link": {"type": "string", "pattern": "^https://"},
             "consequence": {"type": "boolean"},
+            "noise": {"type": "boolean"},
         },
     },
 }
@@ -55,6 +56,8 @@ class Fault:
     link: str
     consequence: bool
     code: Optional[str] = None
+    noise: bool = False
+    """Healthy runs print it too (a worker retrying to reach the scheduler): never named alone."""
     regex: re.Pattern[bytes] = dataclasses.field(compare=False, repr=False,
                                                  default=re.compile(b"(?!)"))
 
@@ -114,7 +117,8 @@ def _fault(entry: dict[str, Any], source: str) -> Fault:
     except re.error as e:
         raise BadInput(f"{source}: {entry['id']}: bad pattern: {e}") from None
     return Fault(entry["id"], entry["title"], patterns, entry["cause"], tuple(entry["check"]),
-                 entry["fix"], entry["link"], entry["consequence"], entry.get("code"), regex)
+                 entry["fix"], entry["link"], entry["consequence"], entry.get("code"),
+                 entry.get("noise", False), regex)
 
 
 def _together(faults: Sequence[Fault]) -> re.Pattern[bytes]:

@@ -70,6 +70,8 @@ def decide(found: Sequence[tuple[Optional[int], Optional[str], Sequence[Hit]]],
     consequence."""
     picks = {i: Finding(rank, host, _pick(hits)) for i, (rank, host, hits) in enumerate(found)
              if hits}
+    if all(f.hit.fault.noise for f in picks.values()):
+        return Diagnosis()  # only what healthy runs print too: nothing to name
     causes = sorted((f for f in picks.values() if not f.hit.fault.consequence),
                     key=lambda f: (f.rank != blamed, _order(f.rank)))
     culprit = causes[0].rank if causes else blamed
