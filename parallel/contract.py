@@ -55,8 +55,7 @@ ASCEND_RT_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
 
 # CANN's own logs (plog, device logs): kept in the job's log directory, one folder per rank.
 ASCEND_PROCESS_LOG_PATH = "ASCEND_PROCESS_LOG_PATH"
-"""Where CANN writes a rank's own logs: ``<log dir>/ascend/rank_<N>`` unless the user set it;
-``npu-launch``'s diagnosis reads them with the rank's log."""
+"""CANN's logs of a rank: ``<log dir>/ascend/rank_<N>`` unless set by the user; the diagnosis reads them."""
 
 # torchrun-style identity.
 RANK = "RANK"
