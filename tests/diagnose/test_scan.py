@@ -5,12 +5,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from launcher.diagnose import diagnose_paths, load, scan_file
 from launcher.diagnose.sources import rank_of
 
+ROOT = Path(__file__).resolve().parents[2]
 EI0006 = "EI0006: Getting socket times out. Reason: 1. The remote does not initiate a connect request."
 OOM = ("        [driver interface] halMemAlloc failed: device_id=6, size=32212254720, type=2, "
        "env_type=3, drvRetCode=6![FUNC:ReportError][FILE:npu_driver.cc][LINE:568]")
@@ -78,7 +80,7 @@ def test_a_long_line_is_read_in_bounded_pieces(tmp_path):
             f"hits = scan_file({str(path)!r}, load()); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, [h.fault.id for h in hits])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.split(maxsplit=1)
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split(maxsplit=1)
     assert int(out[0]) < 100 * 1024, "over 100 MB of memory for one long line"  # ru_maxrss: KiB
     assert "hccl-socket-timeout" in out[1]
 
@@ -121,7 +123,7 @@ def test_the_command_exit_codes_and_json(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "launcher.cli", "diagnose", *args],
                               capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     _write(tmp_path / "named" / "worker_0.log", EI0006 + "\n")
     _write(tmp_path / "clean" / "worker_0.log", "all fine\n")
     os.makedirs(tmp_path / "empty")
