@@ -52,10 +52,9 @@ RANK_ID = "RANK_ID"
 DEVICE_ID = "DEVICE_ID"
 RANK_SIZE = "RANK_SIZE"
 ASCEND_RT_VISIBLE_DEVICES = "ASCEND_RT_VISIBLE_DEVICES"
-
-# CANN's own logs (plog, device logs): kept in the job's log directory, one folder per rank.
 ASCEND_PROCESS_LOG_PATH = "ASCEND_PROCESS_LOG_PATH"
-"""CANN's logs of a rank: ``<log dir>/ascend/rank_<N>`` unless set by the user; the diagnosis reads them."""
+"""CANN's logs of a rank (plog, device logs): ``<log dir>/ascend/rank_<N>`` unless the user set
+it; the diagnosis reads them."""
 
 # torchrun-style identity.
 RANK = "RANK"
