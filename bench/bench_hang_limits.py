@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench_launch import parse_trees
+
 REPO = Path(__file__).resolve().parent.parent
 BUSY = REPO / "tests" / "plain_scripts" / "busy_alone.py"
 ALONE_AT, STEPS = 150, 200
@@ -99,19 +101,6 @@ class Outcome:
     @property
     def stopped(self) -> bool:
         return self.code != 0
-
-
-def parse_trees(specs: list[str]) -> dict[str, Optional[Path]]:
-    """``{label: tree}`` of the npu-launch variants to run: ``NAME=DIR`` or ``DIR`` each; none
-    given, the one on the current PYTHONPATH, labelled ``npu-launch``."""
-    trees: dict[str, Optional[Path]] = {}
-    for spec in specs:
-        name, _, directory = spec.rpartition("=")
-        path = Path(directory).resolve()
-        if not any((path / "launcher" / cli).is_file() for cli in ("cli.py", "cli/main.py")):
-            raise SystemExit(f"--trees {spec}: no launcher/cli.py or launcher/cli/main.py in {path}")
-        trees[name or path.name] = path
-    return trees or {"npu-launch": None}
 
 
 def job_env(tree: Optional[Path], case: Case, seconds: float) -> dict[str, str]:
