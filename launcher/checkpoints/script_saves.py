@@ -12,6 +12,10 @@ again into the same ``--log-dir`` finds them as a restart does. What each rank r
   data-parallel script whose every rank saves, one rank may have died before its save of a
   step its peers completed: resuming from different steps would leave them waiting on each
   other); when they have no name in common, each from its own newest;
+* of several files a rank saved at one place, the one whose name says that place
+  (``PREFIX-EPOCH_STEP``): mindcv saves ``optim_<model>.ckpt`` beside ``<model>-E_S.ckpt`` at
+  each epoch's end, both asynchronously, and the model's file is the one its ``--ckpt_path``
+  takes, whichever thread ended last; among files alike, the last completed;
 * ranks that never saved (a script that saves on rank 0 alone) get the lowest saving rank's.
 
 The file read back is untrusted: what does not read as a save is dropped.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 from typing import Any, Mapping, Optional
 
@@ -92,7 +97,7 @@ class ScriptSaves:
             ranks = {r: saves for r, saves in self._ranks.items() if 0 <= r < world and saves}
         if not ranks:
             return {}
-        chosen = _common(ranks) or {r: saves[-1] for r, saves in ranks.items()}
+        chosen = _common(ranks) or {r: _by_place(saves)[_place(saves[-1])] for r, saves in ranks.items()}
         lowest = chosen[min(chosen)]
         return {r: chosen.get(r, lowest) for r in range(world)}
 
@@ -108,11 +113,27 @@ class ScriptSaves:
 def _common(ranks: Mapping[int, list[Saved]]) -> Optional[dict[int, Saved]]:
     """Each rank's file of the newest place (epoch and step, else file name) that every rank
     saved, or None when there is none."""
-    places = [{_place(s): s for s in saves} for saves in ranks.values()]
+    places = [_by_place(saves) for saves in ranks.values()]
     for saved in reversed(ranks[min(ranks)]):
         if all(_place(saved) in p for p in places):
             return {r: by_place[_place(saved)] for r, by_place in zip(ranks, places)}
     return None
+
+
+def _by_place(saves: list[Saved]) -> dict[object, Saved]:
+    """Each place's file (see the module): the last completed, unless it does not name its place
+    and an earlier one there does."""
+    found: dict[object, Saved] = {}
+    for saved in saves:
+        held = found.get(_place(saved))
+        if held is None or _names_its_place(saved) or not _names_its_place(held):
+            found[_place(saved)] = saved
+    return found
+
+
+def _names_its_place(saved: Saved) -> bool:
+    name = os.path.basename(saved.path)
+    return re.search(rf"-{saved.epoch}_{saved.epoch_step}\.(?:ckpt|safetensors)$", name) is not None
 
 
 def _place(saved: Saved) -> object:

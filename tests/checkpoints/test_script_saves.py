@@ -62,3 +62,20 @@ def test_what_does_not_read_as_a_save_is_dropped(tmp_path: Path) -> None:
     assert [s.path for s in ScriptSaves(str(tmp_path)).newest(1).values()] == ["/ok.ckpt"]
     (tmp_path / SAVED_FILE).write_text("[not json")
     assert ScriptSaves(str(tmp_path)).newest(1) == {}
+
+
+def test_of_two_files_at_one_place_the_one_named_for_it_is_resumed_from(tmp_path: Path) -> None:
+    """mindcv's ``StateMonitor`` saves ``optim_<model>.ckpt`` and ``<model>-E_S.ckpt`` at each
+    epoch's end, both with ``async_save``: whichever thread ends last, ``--ckpt_path`` gets the
+    model's file (``optim_...``'s name has no epoch in it: mindcv's parse of it would fail)."""
+    saves = ScriptSaves(str(tmp_path))
+    for epoch, optim_last in ((1, True), (2, False), (3, True)):
+        files = [f"/ck/net-{epoch}_4.ckpt", "/ck/optim_net.ckpt"]
+        for path in files if optim_last else files[::-1]:
+            saves.record(_saved(0, path, epoch, 4, epoch_steps=4))
+        assert {r: s.path for r, s in saves.newest(2).items()} == {0: f"/ck/net-{epoch}_4.ckpt",
+                                                                   1: f"/ck/net-{epoch}_4.ckpt"}
+    alike = ScriptSaves(str(tmp_path / "alike"))  # no file named for its place: the last one
+    for path in ("/ck/a.ckpt", "/ck/b.ckpt"):
+        alike.record(_saved(0, path, 1, 4))
+    assert alike.newest(1)[0].path == "/ck/b.ckpt"
