@@ -93,14 +93,47 @@ def deferred_sigterm(path: str) -> Iterator[None]:
         yield
         return
     signal.signal(signal.SIGTERM, _ignore)
+    _children_forget((read, write))
     threading.Thread(target=_watch, args=(read, path), name="npu-launch-sigterm",
                      daemon=True).start()
     try:
         yield
     finally:
+        _armed.clear()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         os.close(write)  # the watching thread reads the end and leaves
+
+
+_armed: list[tuple[int, int]] = []
+"""The pipe of the block running in this process, for a child forked inside it."""
+_fork_hook: list[bool] = []
+
+
+def _children_forget(pipe: tuple[int, int]) -> None:
+    _armed[:] = [pipe]
+    if not _fork_hook:  # once per process: fork hooks cannot be removed
+        os.register_at_fork(after_in_child=_forget_in_child)
+        _fork_hook.append(True)
+
+
+def _forget_in_child() -> None:
+    """A process forked while SIGTERM waits for the word (a dataset worker, MindSpore's summary
+    writer and its pool) gets back SIGTERM's default and no wakeup descriptor: otherwise it
+    inherits both, and a SIGTERM meant for it (its pool's ``terminate``) writes into the rank's
+    pipe, where the rank's thread takes it for its own and, with no word from npu-launch, kills
+    the rank (seen: mindcv's ``StateMonitor`` closing its ``SummaryRecord`` at the end of
+    training killed rank 0 of a job that had finished)."""
+    if not _armed:
+        return
+    read, write = _armed.pop()
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # not the main thread: nothing of ours to put back
+        pass
+    os.close(read)
+    os.close(write)
 
 
 def _ignore(signum: int, frame: object) -> None:

@@ -139,6 +139,32 @@ def test_a_rank_signalled_itself_waits_for_the_launchers_word(
         assert proc.returncode == 0 and out == "went on\n", (proc.returncode, out)
 
 
+_FORKS = """
+import os, signal, sys, time
+from parallel import preemption
+with preemption.deferred_sigterm(sys.argv[1]):
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.2)
+    os.kill(child, signal.SIGTERM)  # as a pool's terminate() ends its forked workers
+    _, status = os.waitpid(child, 0)
+    time.sleep(1)  # past preemption.WAIT: a rank that took it for its own is dead by now
+print("went on", os.WTERMSIG(status) if os.WIFSIGNALED(status) else status, flush=True)
+"""
+
+
+def test_a_sigterm_to_a_child_forked_while_waiting_is_the_childs_alone(tmp_path: Path) -> None:
+    """A child forked inside the block (MindSpore's summary writer, a dataset worker) has
+    SIGTERM's default again, and no wakeup descriptor into the rank's pipe: its SIGTERM ends
+    it, not the rank (mindcv's ``SummaryRecord`` closing its pool killed a finished rank 0)."""
+    proc = subprocess.run([sys.executable, "-c", _FORKS, str(tmp_path / "stop_request")],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (proc.returncode, proc.stdout) == (0, f"went on {int(signal.SIGTERM)}\n"), proc
+
+
 def _preempted(argv: tuple[str, ...], logs: Path, far_enough: Callable[[], bool],
                said: str = r"every rank saves step (\d+) and stops") -> int:
     """Run npu-launch with ``argv`` until ``far_enough``, then SIGTERM it and every rank at once,
