@@ -18,8 +18,8 @@ Two changes from ``train.py``, both for what fails on CPU ranks under any launch
 
 Added for the tests: each rank prints ``mindcv_train: rank R step G loss L`` after every step
 (G counted over the whole run, as ``StateMonitor`` counts it: ``last_epoch`` epochs before this
-launch's steps); ``--fail_at_step G --fail_rank R``: rank R raises as step G begins, unless
-resuming. ``python mindcv_train.py --make_data DIR`` writes the generated images instead
+launch's steps); ``--fail_at_step G --fail_rank R``: rank R raises as step G begins, in the
+first attempt only (``NPU_LAUNCH_RESTART`` unset or 0: the one variable of npu-launch's read). ``python mindcv_train.py --make_data DIR`` writes the generated images instead
 (``DIR/train/class_<k>/<i>.png``; ``write_images`` imports no MindSpore).
 """
 import argparse
@@ -170,7 +170,8 @@ def main() -> None:
                             ckpt_keep_max=args.keep_checkpoint_max,
                             summary_dir=f"./{args.ckpt_save_dir}/summary", log_interval=args.log_interval,
                             rank_id=rank_id, device_num=device_num)
-    printer = step_printer(rank_id or 0, begin_epoch, 0 if args.ckpt_path else args.fail_at_step, args.fail_rank)
+    first_attempt = os.environ.get("NPU_LAUNCH_RESTART", "0") == "0"  # npu-launch's restart count, if any
+    printer = step_printer(rank_id or 0, begin_epoch, args.fail_at_step if first_attempt else 0, args.fail_rank)
     logger.info(f"Number of training samples: {train_count}, batches: {num_batches}, model: {args.model}")
     if args.ckpt_path != "":
         logger.info(f"Resume training from {args.ckpt_path}, last step: {begin_step}, last epoch: {begin_epoch}")
