@@ -16,12 +16,12 @@ from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.script_saves import ScriptSaves
 from launcher.cluster import control
 from launcher.config.frameworks import FrameworkNote
-from launcher.console_lines import runs_text
 from launcher.files import write_if_changed
 from launcher.hangs.stack_samples import StackSample, native_path
 from launcher.hangs.stalls import HANG_EXIT_CODE, HangCheck, Stall, describe_stall, stalled_before
 from launcher.observe.monitor import JobMonitor
 from launcher.plan.launch_plan import LaunchPlan
+from launcher.ranks.ranges import runs_text
 from launcher.ranks.record import RankRecord
 from launcher.run.failures import JobResult, Outcome, stall_cause
 from launcher.run.restarts import BEFORE_ANY_PROGRESS, FailurePoint

@@ -30,7 +30,6 @@ from launcher.cluster.node_agents import run_agents
 from launcher.cluster.payload import serving
 from launcher.config.frameworks import FrameworkNote, mindspore_only
 from launcher.config.launch_config import LaunchConfig
-from launcher.console_lines import RankLines
 from launcher.diagnose import LIKELY_CAUSE, diagnosed, diagnosis_last, warm_up
 from launcher.errors import ConfigError
 from launcher.hangs.hang_limits import Learnt, Limits
@@ -42,6 +41,7 @@ from launcher.plan.checkpoint_arg import dry_run_note, newest_paths, with_checkp
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.rank_table_mode import GENERATED_NAME
 from launcher.run import last_words
+from launcher.run.console_lines import RankLines
 from launcher.run.events import prepare_dirs
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.last_words import LastWordsRequest

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from launcher.console_lines import runs_text
 from launcher.diagnose.scan import Hit
+from launcher.ranks.ranges import runs_text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,9 +38,9 @@ import dataclasses
 import time
 from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
-from launcher.console_lines import runs_text
 from launcher.hangs.hang_limits import Lessons, Limits
 from launcher.hangs.stack_samples import StackSample
+from launcher.ranks.ranges import runs_text
 from launcher.ranks.record import RankRecord
 
 HANG_EXIT_CODE = 124

@@ -7,8 +7,8 @@ import math
 import os
 from typing import Iterable, Mapping, Optional, TextIO
 
-from launcher.console_lines import runs_text
 from launcher.observe.job_state import Evaluation, RankState, StatusLoss
+from launcher.ranks.ranges import runs_text
 from parallel.config import ExecMode
 
 _MAX_TABLE_ROWS = 8

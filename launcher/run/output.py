@@ -25,7 +25,7 @@ LineSink = Callable[[bytes], None]
 
 
 class RankLinesView(Protocol):
-    """``console_lines.RankLines`` as the console uses it."""
+    """``launcher.run.console_lines.RankLines`` as the console uses it."""
 
     def show(self, host: str, rank: int, line: bytes, attempt: int = 0) -> None: ...
 
@@ -42,7 +42,7 @@ copied whole at every read (quadratic: 97 s for one such line) and shown again e
 
 class Console:
     """The launcher's stdout, shared by every pump. Once given a view of rank lines (node 0's
-    console: ``console_lines.RankLines``, writing through ``write_line``), rank lines are
+    console: ``launcher.run.console_lines.RankLines``, writing through ``write_line``), rank lines are
     filtered and merged on their way."""
 
     def __init__(self, stream: BinaryIO) -> None:

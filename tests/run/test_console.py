@@ -166,7 +166,7 @@ def test_a_line_of_an_ended_attempt_says_which_and_is_merged_with_no_other() -> 
     """The console's side of a restart, line by line: what waits to be merged leaves as the
     restart begins; later, a line of attempt 0 is tagged, one of attempt 1 is not, and alike
     lines of the two attempts are not merged."""
-    from launcher.console_lines import RankLines
+    from launcher.run.console_lines import RankLines
     from launcher.run.output import Console
 
     stream = io.BytesIO()

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from launcher.ranks.ranges import label
+
 WINDOW = 0.25
 """Seconds a line waits for the same line from other ranks."""
 _RUNTIME_LOG = re.compile(rb"\[(?:DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][0-9a-fA-F]+,")
@@ -134,21 +136,3 @@ class RankLines:
             self._queue.pop(0)
             self._write(label(head.ranks), head.attempt, head.text)
 
-
-def label(ranks: dict[int, str]) -> str:
-    """``vm:0-3,5`` for one host, ``a:0-1 b:2-3`` across hosts (each host's ranks as runs)."""
-    by_host: dict[str, list[int]] = {}
-    for rank in sorted(ranks):
-        by_host.setdefault(ranks[rank], []).append(rank)
-    return " ".join(f"{host}:{runs_text(found)}" for host, found in by_host.items())
-
-
-def runs_text(ranks: list[int], separator: str = ",") -> str:
-    """Sorted ranks as runs: ``0-2,5``."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    return separator.join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -1,8 +1,9 @@
-"""Node 0's view of rank lines (``launcher.console_lines``), on a fake clock: merging keeps each
+"""Node 0's view of rank lines (``launcher.run.console_lines``), on a fake clock: merging keeps each
 rank's order, waits at most the window, and leaves at once when every rank said the line."""
 from __future__ import annotations
 
-from launcher.console_lines import WINDOW, RankLines, is_runtime_chatter, label, without_runtime_chatter
+from launcher.ranks.ranges import label
+from launcher.run.console_lines import WINDOW, RankLines, is_runtime_chatter, without_runtime_chatter
 
 
 class Screen:
