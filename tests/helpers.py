@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
@@ -25,6 +24,7 @@ import psutil
 import pytest
 from _pytest.mark.expression import Expression
 from hypothesis import strategies as st
+from polling import wait_for  # noqa: F401  (re-exported: the tests' one poll)
 
 from launcher.run.strays import GUARDIAN_OF
 from parallel import contract
@@ -196,9 +196,15 @@ def worker_pid(job_id: str, rank: int) -> int:
             env = psutil.Process(pid).environ()
         except psutil.Error:
             continue
-        if env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER":
+        if is_worker(env, rank):
             return pid
     raise AssertionError(f"job {job_id} runs no worker of rank {rank}")
+
+
+def is_worker(env: Mapping[str, str], rank: int) -> bool:
+    """Whether a process of that environment is the MindSpore worker ``rank`` (not the
+    scheduler, a spare or a guardian)."""
+    return env.get("RANK_ID") == str(rank) and env.get("MS_ROLE") == "MS_WORKER"
 
 
 def alive(pid: int) -> bool:
@@ -237,17 +243,6 @@ def _described(pid: int) -> str:
         return f"{pid} ({proc.status()}, parent {proc.ppid()}) {' '.join(proc.cmdline())[:200]}"
     except psutil.Error:
         return f"{pid} (gone)"
-
-
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> object:
-    """Poll until ``predicate`` is truthy; the timeout only keeps a broken test from hanging."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # What ranks wrote --------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ def _load_own_package() -> str:
     name = "npl_multinode"
     if name not in sys.modules:
         here = Path(__file__).resolve().parent
+        if str(here.parent) not in sys.path:  # the tests' own stdlib modules (polling.py)
+            sys.path.append(str(here.parent))
         spec = importlib.util.spec_from_file_location(name, here / "__init__.py",
                                                       submodule_search_locations=[str(here)])
         package = importlib.util.module_from_spec(spec)

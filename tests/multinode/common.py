@@ -10,9 +10,10 @@ import shlex
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator
+
+from polling import wait_for
 
 STATE_ROOT = Path("/run/npl-clusters")
 NAME_PREFIX = "npl-"
@@ -90,22 +91,8 @@ def wait_for_port(address: str, port: int, timeout: float, alive_check: Callable
                 return True
         except OSError:
             return False
-    wait_until(accepting, timeout, f"{address}:{port} accepting", alive_check)
-
-
-def wait_until(pred: Callable[[], object], timeout: float, what: str,
-               alive_check: Optional[Callable[[], None]] = None, log: Optional[Path] = None) -> object:
-    """Poll ``pred`` until it is truthy (and return it); ``ClusterError`` at the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if alive_check is not None:
-            alive_check()
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}"
-                       + (f"; {log}: {tail(log)}" if log else ""))
+    wait_for(accepting, f"{address}:{port} accepting", timeout, every=0.1, check=alive_check,
+             failure=ClusterError)
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import psutil
+from polling import wait_for
 
-from .common import ClusterError, wait_until
+from .common import ClusterError
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 """The directories every host has to itself, each a fresh tmpfs."""
@@ -98,7 +99,8 @@ def start_init(name: str, netns: Path, env: dict[str, str], log: Path,
         proc.wait(timeout=10)
         raise ClusterError(f"the init of host {name} did not start (exit {proc.returncode}): "
                            f"{log.read_text(errors='replace')[-2000:]}")
-    child = wait_until(lambda: _only_child(proc.pid), timeout, f"init of {name}")
+    child = wait_for(lambda: _only_child(proc.pid), f"init of {name}", timeout, every=0.1,
+                     failure=ClusterError)
     return proc, HostInit(name, child.pid, child.create_time())
 
 
@@ -122,7 +124,8 @@ def pid_in_host(root_pid: int) -> int:
 
 def entered_child(nsenter_pid: int, timeout: float = 10) -> psutil.Process:
     """The process nsenter forked into the host (nsenter itself stays outside and waits)."""
-    return wait_until(lambda: _only_child(nsenter_pid), timeout, f"the child of nsenter {nsenter_pid}")
+    return wait_for(lambda: _only_child(nsenter_pid), f"the child of nsenter {nsenter_pid}", timeout,
+                    every=0.1, failure=ClusterError)
 
 
 class HostPopen(subprocess.Popen):

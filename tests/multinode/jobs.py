@@ -10,11 +10,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from helpers import RANK_SCRIPTS, npu_launch_argv
+from helpers import RANK_SCRIPTS, is_worker, npu_launch_argv
 
 from launcher.run.strays import GUARDIAN_OF
 
@@ -103,7 +102,7 @@ def worker(cluster: Cluster, job_id: str, rank: int) -> tuple[str, int]:
     """``(host, pid there)`` of the job's MindSpore worker ``rank``; fails when there is none."""
     for host, procs in job_processes(cluster, job_id).items():
         for p in procs:
-            if p["env"].get("RANK_ID") == str(rank) and p["env"].get("MS_ROLE") == "MS_WORKER":
+            if is_worker(p["env"], rank):
                 return host, p["pid"]
     raise AssertionError(f"job {job_id} runs no worker of rank {rank} on any host")
 
@@ -125,14 +124,3 @@ def initialised(cluster: Cluster, log_dir: Path, ranks: range) -> bool:
     return set(ranks) <= done
 
 
-def wait_slowly(predicate: Callable[[], object], what: str, timeout: float = 120.0,
-                interval: float = 0.5) -> object:
-    """``helpers.wait_for`` for predicates that start processes in the hosts: polled every
-    ``interval`` seconds, not to steal the two cores from the ranks being waited for."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")

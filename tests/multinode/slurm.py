@@ -14,7 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import SLURM_BINARIES, free_port, need_binaries, wait_until
+from polling import wait_for
+
+from .common import SLURM_BINARIES, ClusterError, free_port, need_binaries, tail
 from .netns import Host
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ def start_slurm(cluster: "Cluster", timeout: float) -> Path:
     for h in cluster.hosts:
         cluster.start_daemon("slurmd", h.name, ["slurmd", "-D", "-N", h.name, "-f", str(conf)])
     env = {**cluster.env, "SLURM_CONF": str(conf)}
-    wait_until(lambda: nodes_idle(env, cluster.names), timeout, "all slurm nodes idle",
-               cluster.daemon_alive_check("slurmctld", None), log=d / "slurmctld.log")
+    log = d / "slurmctld.log"
+    wait_for(lambda: nodes_idle(env, cluster.names), "all slurm nodes idle", timeout, every=0.1,
+             check=cluster.daemon_alive_check("slurmctld", None), failure=ClusterError,
+             detail=lambda: f"{log}: {tail(log)}")
     return conf
 
 
@@ -52,7 +56,8 @@ def _start_munged(cluster: "Cluster", d: Path) -> Path:
         "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={sock}",
         f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
         f"--seed-file={d / 'munged.seed'}"])
-    wait_until(sock.exists, 10, "munged socket", cluster.daemon_alive_check("munged", None))
+    wait_for(sock.exists, "munged socket", 10, every=0.1, check=cluster.daemon_alive_check("munged", None),
+             failure=ClusterError)
     return sock
 
 

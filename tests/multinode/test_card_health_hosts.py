@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import checksums
+from helpers import checksums, wait_for
 
 from .ascend import break_card, give_cards, hold_card_argv, node0_env, take_cards
-from .jobs import assert_no_job_processes, initialised, job_dir, launch_on, run_on_node0, wait_slowly, write_hostfile
+from .jobs import assert_no_job_processes, initialised, job_dir, launch_on, run_on_node0, write_hostfile
 
 pytestmark = pytest.mark.multinode
 JOB = "plain_job.py"
@@ -105,8 +105,8 @@ def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory
                                        "--restart-backoff", "0", JOB,
                                        "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
                      cwd=work, env=node0_env(cluster))
-    wait_slowly(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
-                f"{job}: 2 ranks initialised", 180)
+    wait_for(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
+                f"{job}: 2 ranks initialised", 180, every=0.5)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     stamp = "/tmp/npl-ascend/let-go"
     stray = cluster.popen_on(b, hold_card_argv(0, 8, stamp))  # not the job's: a stray

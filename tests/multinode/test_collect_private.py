@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from helpers import RANK_SCRIPTS
+from helpers import RANK_SCRIPTS, wait_for
 
-from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, wait_slowly, write_hostfile
+from .jobs import assert_no_job_processes, job_dir, launch_on, run_on_node0, write_hostfile
 
 pytestmark = [pytest.mark.multinode]
 SCRIPT = RANK_SCRIPTS / "slice_ckpt.py"
@@ -71,9 +71,9 @@ def _run_gated(cluster, work: Path, args: list[str], ready: list[Path],
     node0 = cluster.names[0]
     launcher = launch_on(cluster, node0, args, cwd=work)
     try:
-        wait_slowly(lambda: launcher.poll() is not None
+        wait_for(lambda: launcher.poll() is not None
                     or (all(cluster.exists(node0, path) for path in ready) and also()),
-                    f"{', '.join(map(str, ready))} on node 0", timeout=60)
+                    f"{', '.join(map(str, ready))} on node 0", timeout=60, every=0.5)
         assert launcher.poll() is None, launcher.communicate()[1][-4000:]
         assert cluster.run_on(failing_host, ["touch", str(work / "go")]).returncode == 0
         _, err = launcher.communicate(timeout=300)

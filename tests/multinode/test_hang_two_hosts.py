@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS
+from helpers import RANK_SCRIPTS, wait_for
 
 from launcher.hangs.stalls import HANG_EXIT_CODE
 
-from .jobs import assert_no_job_processes, job_dir, job_pids, launch_on, wait_slowly, write_hostfile
+from .jobs import assert_no_job_processes, job_dir, job_pids, launch_on, write_hostfile
 
 pytestmark = pytest.mark.multinode
 PLAIN = RANK_SCRIPTS / "plain_job.py"
@@ -40,7 +40,7 @@ def test_the_straggler_on_another_host_is_named_and_its_stacks_reach_node_0(
                       "--log-dir", str(logs), "--kill-timeout", "3", "--hang-timeout", "8",
                       str(weird_tmp / PLAIN.name), "--steps", "400", "--hang-rank", "1",
                       "--hang-at-step", "3"], cwd=weird_tmp)
-    wait_slowly(lambda: job_pids(ssh_cluster, job) or proc.poll() is not None, "the job's ranks")
+    wait_for(lambda: job_pids(ssh_cluster, job) or proc.poll() is not None, "the job's ranks", every=0.5)
     out, err = proc.communicate(timeout=600)
     a, b = ssh_cluster.names
     assert proc.returncode == HANG_EXIT_CODE, err[-3000:]

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import checksums, npu_launch_argv, per_rank
+from helpers import checksums, npu_launch_argv, per_rank, wait_for
 
 from .jobs import (
     assert_no_job_processes,
@@ -24,7 +24,6 @@ from .jobs import (
     kill_in_host,
     launch_on,
     run_on_node0,
-    wait_slowly,
     worker,
     write_hostfile,
 )
@@ -54,9 +53,9 @@ def _start(cluster, tmp: Path, job: str, *args: str):
 
 
 def _wait_initialised(cluster, tmp: Path, job: str, proc=None, timeout: float = 120) -> None:
-    wait_slowly(lambda: initialised(cluster, tmp / job, range(4))
+    wait_for(lambda: initialised(cluster, tmp / job, range(4))
                 or (proc is not None and proc.poll() is not None), f"{job}: 4 ranks initialised",
-                timeout)
+                timeout, every=0.5)
     if proc is not None:
         assert proc.poll() is None, f"{job} ended early: {proc.communicate()[1][-3000:]}"
 
@@ -202,5 +201,5 @@ def test_dead_node_0_is_a_dropped_connection_and_agents_stop(ssh_cluster,
     _wait_initialised(ssh_cluster, weird_tmp, job)
     proc.kill()  # SIGKILL to the launcher on node 0: each agent only sees its connection end
     proc.communicate(timeout=60)
-    wait_slowly(lambda: not job_pids(ssh_cluster, job), "agents to stop their ranks", 60)
+    wait_for(lambda: not job_pids(ssh_cluster, job), "agents to stop their ranks", 60, every=0.5)
     assert_no_job_processes(ssh_cluster, job)

@@ -9,8 +9,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
-from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0, wait_slowly, write_hostfile
+from .jobs import assert_no_job_processes, job_dir, job_processes, launch_on, run_on_node0, write_hostfile
 
 pytestmark = pytest.mark.multinode  # the ranks are plain Python: no MindSpore, no scheduler
 
@@ -53,8 +54,8 @@ def test_each_agent_rides_on_its_hosts_master_and_nothing_is_left(ssh_cluster, t
     hold = "8" if ending == "finish" else "3600"
     proc = launch_on(cluster, cluster.names[0], _args(cluster, work, job, "rank.py", hold),
                      cwd=work)
-    wait_slowly(lambda: all(job_processes(cluster, job).values()) or proc.poll() is not None,
-                f"{job}: processes on every host", 120)
+    wait_for(lambda: all(job_processes(cluster, job).values()) or proc.poll() is not None,
+                f"{job}: processes on every host", 120, every=0.5)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     ssh = _ssh_processes(cluster, cluster.names[0])
     masters = [c for c in ssh if Path(c[0]).name == "ssh" and "ControlMaster=yes" in c]
@@ -70,8 +71,8 @@ def test_each_agent_rides_on_its_hosts_master_and_nothing_is_left(ssh_cluster, t
     else:
         proc.send_signal(getattr(signal, ending))
         proc.communicate(timeout=120)
-    wait_slowly(lambda: _left_on_node0(cluster) == ([], ""), f"{job}: masters gone", 60)
-    wait_slowly(lambda: not any(job_processes(cluster, job).values()), f"{job}: ranks gone", 60)
+    wait_for(lambda: _left_on_node0(cluster) == ([], ""), f"{job}: masters gone", 60, every=0.5)
+    wait_for(lambda: not any(job_processes(cluster, job).values()), f"{job}: ranks gone", 60, every=0.5)
     assert_no_job_processes(cluster, job)
 
 

@@ -11,8 +11,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
-from .jobs import assert_no_job_processes, job_dir, launch_on, wait_slowly, write_hostfile
+from .jobs import assert_no_job_processes, job_dir, launch_on, write_hostfile
 
 pytestmark = pytest.mark.multinode
 _SAVED = re.compile(r"\[([^:\]]+):(\d+)\] rank \d+ saves step (\d+)")
@@ -37,9 +38,9 @@ def test_sigterm_on_node_0_makes_every_host_save_the_same_step(ssh_cluster, weir
         "--device", "cpu", "--job-id", job, "--log-dir", str(log_dir), "--kill-timeout", "30",
         str(weird_tmp / "plain_job.py"), "--steps", "100000", "--saves-on-stop",
         "--step-time", "0.1"], cwd=weird_tmp)
-    wait_slowly(lambda: min(_steps(ssh_cluster, a, log_dir).values(), default=0) >= 5
+    wait_for(lambda: min(_steps(ssh_cluster, a, log_dir).values(), default=0) >= 5
                 and len(_steps(ssh_cluster, a, log_dir)) == 2 or proc.poll() is not None,
-                "both ranks past step 5", 180)
+                "both ranks past step 5", 180, every=0.5)
     proc.send_signal(signal.SIGTERM)  # inside node 0, to the launcher itself
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
