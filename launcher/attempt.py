@@ -26,8 +26,8 @@ from launcher.ranks.record import RankRecord
 from launcher.run.failures import JobResult, Outcome, stall_cause
 from launcher.run.restarts import BEFORE_ANY_PROGRESS, FailurePoint
 from parallel import contract
+from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import Event
-from parallel.manifest import atomic_write_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 or written where a missing or unwritable file is no error (stack files, error reports, the hang
 limits, an earlier summary), written only when it changed, and removed when it is there. Files
 that must never be seen half written go through the one atomic writer,
-``parallel.manifest.atomic_write_bytes`` (``atomic_save``)."""
+``parallel.checkpoints.manifest.atomic_write_bytes`` (``atomic_save``)."""
 from __future__ import annotations
 
 import json

@@ -195,7 +195,7 @@ STOP_NO_SAVE = "none"
 LAST_WORDS_REQUEST_FILE = "last_words_request"
 """Written by node 0 into ``LOG_DIR`` when a rank of a data-parallel job failed or hung, before
 any other is stopped: ``<rank> <attempt>``, the healthy rank that saves the last step it
-completed (``parallel.last_words``) and the attempt (``RESTART``) it is asked of. That rank
+completed (``parallel.checkpoints.last_words``) and the attempt (``RESTART``) it is asked of. That rank
 writes ``LAST_WORDS_REPLY_FILE``: ``saved <step>`` (its ``checkpoint`` event says
 ``last_words``: the file stands for every rank) or ``none <why>``."""
 LAST_WORDS_REPLY_FILE = "last_words_reply"

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from parallel import contract, events
 
 TRAINER_EXTRAS = "npu_launch."
-"""The prefix of the shared trainer's own ``append_dict`` keys (``parallel.checkpoint``)."""
+"""The prefix of the shared trainer's own ``append_dict`` keys (``parallel.checkpoints.checkpoint``)."""
 ASYNC_THREAD = "asyn_save_ckpt"
 """The name MindSpore 2.10 gives the thread of an ``async_save`` (``train/serialization.py``)."""
 _NAME = re.compile(r"-(\d+)_(\d+)\.(?:ckpt|safetensors)$")

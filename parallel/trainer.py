@@ -27,7 +27,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, checkpoint, contract, events, last_words, preemption
+from parallel import amp, contract, events, preemption
+from parallel.checkpoints import checkpoint, last_words
 from parallel.train_cells import (
     AccumulateStep,
     Accumulators,
@@ -169,7 +170,7 @@ class Trainer(CheckpointSteps):
 
     def _last_words_listener(self) -> Optional[last_words.Listener]:
         """Under npu-launch, with checkpoints and peers: the thread that saves the last completed
-        step when npu-launch asks, a peer having failed (``parallel.last_words``)."""
+        step when npu-launch asks, a peer having failed (``parallel.checkpoints.last_words``)."""
         if self.options.ckpt_dir is None or self.world_size < 2:
             return None
         why_not = "" if self.data_parallel else (

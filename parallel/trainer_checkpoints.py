@@ -14,8 +14,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, checkpoint, contract, events
-from parallel.manifest import DataPosition, RankFile
+from parallel import amp, contract, events
+from parallel.checkpoints import checkpoint
+from parallel.checkpoints.manifest import DataPosition, RankFile
 from parallel.train_cells import RowGather
 from parallel.trainer_api import Callback, TrainerError, TrainOptions
 from parallel.trainer_support import Run
@@ -208,7 +209,7 @@ class Held:
 
 @dataclasses.dataclass(frozen=True)
 class LastWordsSaver:
-    """The trainer's :class:`parallel.last_words.Saver`: what a periodic checkpoint of the step
+    """The trainer's :class:`parallel.checkpoints.last_words.Saver`: what a periodic checkpoint of the step
     holds, written from the last-words thread while the main thread is blocked. A step this
     rank saved already is reported as it is, never written again."""
 

@@ -35,8 +35,8 @@ from typing import Callable, Collection, Mapping, Optional
 from launcher.checkpoints.resume import ResumePoint, intact
 from launcher.checkpoints.uploads import Upload
 from launcher.files import remove
+from parallel.checkpoints.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir
 from parallel.contract import Event
-from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, complete_files, fsync_dir
 
 LEDGER_DIR = "checkpoint_ledger"
 FILES = "files.json"
@@ -321,7 +321,7 @@ _MANIFEST_LIMIT = 64 << 20
 
 def files_standing(event: Event, file: RankFile, world: int) -> dict[int, RankFile]:
     """The ranks a checkpoint event's ``file`` stands for: its own rank, or, for last words
-    (``parallel.last_words``: a data-parallel replica's state saved as a peer failed), every
+    (``parallel.checkpoints.last_words``: a data-parallel replica's state saved as a peer failed), every
     rank of the world, each entry naming that one file."""
     if event.record.get("last_words") is not True:
         return {event.rank: file}

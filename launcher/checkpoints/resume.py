@@ -14,7 +14,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from parallel.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, sha256_file
+from parallel.checkpoints.manifest import MANIFEST, Manifest, RankFile, atomic_write_bytes, sha256_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class ResumePoint:
 
     step: int
     manifest: str
-    """The manifest's JSON (``parallel.checkpoint.Manifest``)."""
+    """The manifest's JSON (``parallel.checkpoints.manifest.Manifest``)."""
     paths: Mapping[int, str]
     """Rank -> its file's absolute path on its host."""
     replicas: Mapping[int, str]

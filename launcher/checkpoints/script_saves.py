@@ -29,8 +29,8 @@ import re
 import threading
 from typing import Any, Mapping, Optional
 
+from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import Event
-from parallel.manifest import atomic_write_bytes
 
 SAVED_FILE = os.path.join("checkpoint_ledger", "saved.json")
 KEPT = 8

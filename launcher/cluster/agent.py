@@ -52,8 +52,8 @@ from launcher.run.strays import become_subreaper
 from launcher.run.supervisor import LocalRanks
 from launcher.run.watch import Watch
 from parallel import contract
+from parallel.checkpoints.manifest import atomic_save, atomic_write_bytes
 from parallel.contract import Event
-from parallel.manifest import atomic_save, atomic_write_bytes
 
 NODE_RANK_SOURCES = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 AGENT_INTERVAL = 0.1
@@ -86,7 +86,7 @@ class NodeZero:
 
     def fetch_replica(self, rank: int, path: str) -> None:
         """Write node 0's stand-in for ``rank``'s checkpoint file to ``path``, atomically (the
-        one atomic writer, ``parallel.manifest.atomic_save``)."""
+        one atomic writer, ``parallel.checkpoints.manifest.atomic_save``)."""
 
         def fetch(tmp: Path) -> None:
             with open(tmp, "wb") as f:

@@ -32,8 +32,8 @@ from launcher.checkpoints.ledger import reported
 from launcher.checkpoints.uploads import FILE_NAME, Upload
 from launcher.errors import LaunchError
 from parallel import contract
+from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import Event
-from parallel.manifest import atomic_write_bytes
 
 STORAGE_MARKER = ".npu_launch_storage"
 

@@ -24,7 +24,7 @@ from launcher import __version__
 from launcher.cluster.card_health import check_cards
 from launcher.config.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
-from parallel.manifest import sha256_file
+from parallel.checkpoints.manifest import sha256_file
 
 _PROBLEMS = ("missing", "not a regular file", "unreadable")
 

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from launcher.files import read_json
 from launcher.ranks.record import RankRecord
-from parallel.manifest import atomic_write_bytes
+from parallel.checkpoints.manifest import atomic_write_bytes
 
 LEARN_FACTOR = 5.0
 """The learnt limit is this many times the longest quiet interval seen (NVIDIA's resiliency

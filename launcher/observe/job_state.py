@@ -10,9 +10,9 @@ from launcher.observe.startup import job_phases
 from launcher.observe.summary_records import AttemptEntry, CheckpointRecord, FilesMoved
 from launcher.ranks.record import RankRecord
 from parallel import contract
+from parallel.checkpoints.manifest import RankFile, complete_files
 from parallel.config import ExecMode
 from parallel.contract import EVENT_EXITED, Event
-from parallel.manifest import RankFile, complete_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +204,7 @@ class JobState:
                 "attempts": [a.to_json() for a in (*self.earlier_attempts, *self.attempts)]}
 
     def complete_steps(self) -> list[int]:
-        """Steps complete by the ledger's one rule (``parallel.manifest.complete_files``): every
+        """Steps complete by the ledger's one rule (``parallel.checkpoints.manifest.complete_files``): every
         rank of the job reported its file of the step, on whatever host, at one data position."""
         return sorted(step for step, files in self.files.items()
                       if complete_files(files, len(self.ranks)) is not None)

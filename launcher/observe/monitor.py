@@ -48,8 +48,8 @@ from launcher.ranks.record import FRAMEWORK_STOP, RankRecord
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
 from parallel import contract
+from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
-from parallel.manifest import atomic_write_bytes
 
 _LIVE_INTERVAL = 1.0
 

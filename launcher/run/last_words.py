@@ -1,4 +1,4 @@
-"""Node 0's half of last words (``parallel.last_words`` is the rank's): when a rank of a
+"""Node 0's half of last words (``parallel.checkpoints.last_words`` is the rank's): when a rank of a
 data-parallel job failed or hung, before the watch loop stops anything, the lowest healthy rank
 is asked to save the last step it completed; its file stands for every rank (the ledger,
 ``launcher.checkpoints``, takes it as a complete step), and the restart resumes from it.
@@ -25,11 +25,11 @@ from launcher.hangs.stalls import Stall
 from launcher.plan.launch_plan import LaunchPlan, ProcessSpec
 from launcher.run.process import ProcessGroup
 from parallel import contract
-from parallel.manifest import atomic_write_bytes
+from parallel.checkpoints.manifest import atomic_write_bytes
 
 WAIT = 3.0
 """Seconds the job's teardown waits for the answer at most (the rank itself gives up after
-``parallel.last_words.WAIT``, 2 s)."""
+``parallel.checkpoints.last_words.WAIT``, 2 s)."""
 _POLL = 0.01
 
 

@@ -20,8 +20,8 @@ from launcher.plan.launch_plan import LaunchPlan
 from launcher.run.failures import Cause, JobResult, Outcome, stall_cause
 from launcher.run.process import Exit, ProcessGroup
 from parallel import contract
+from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import Event
-from parallel.manifest import atomic_write_bytes
 
 _TICK = 0.02
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -19,8 +19,8 @@ import pytest
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.resume import MissingCheckpoint, place_for_resume
 from launcher.checkpoints.uploads import Upload
+from parallel.checkpoints.manifest import MANIFEST, Manifest
 from parallel.contract import Event
-from parallel.manifest import MANIFEST, Manifest
 
 
 def _write(path: Path, data: bytes) -> dict:

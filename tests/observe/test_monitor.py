@@ -179,7 +179,7 @@ def test_a_step_is_complete_once_every_rank_on_any_host_reported_it(weird_tmp: P
 
 
 def test_summary_and_ledger_agree_on_which_steps_are_complete(weird_tmp: Path) -> None:
-    """One rule for a complete step (``parallel.manifest.complete_files``). Before it, summary.json
+    """One rule for a complete step (``parallel.checkpoints.manifest.complete_files``). Before it, summary.json
     called a step complete once every rank reported it, while node 0's ledger also needs one data
     position: ranks that disagree where training stands (here rank 3 says step 10 holds the
     position of step 9) gave a "complete" step no manifest was ever written for."""

@@ -22,7 +22,7 @@ import numpy as np
 from mindspore import nn, ops
 
 import parallel
-from parallel.last_words import others_cpu
+from parallel.checkpoints.last_words import others_cpu
 from parallel.train_cells import TrainStep
 from parallel.trainer_api import TrainOptions
 

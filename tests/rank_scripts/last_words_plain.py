@@ -1,4 +1,4 @@
-"""A plain-Python 2-rank job that speaks the trainer's side of last words (``parallel.last_words``)
+"""A plain-Python 2-rank job that speaks the trainer's side of last words (``parallel.checkpoints.last_words``)
 without MindSpore, for the launcher-side tests: both ranks report steps as the trainer does
 (``saves_on_stop``), rank 1 (or ``--fails``) fails (or ``--hangs``) after step ``--at``, and the
 other rank then either blocks inside step ``--at + 1`` as a replica blocked in the all-reduce
@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from parallel import contract, events, last_words
-from parallel.manifest import MANIFEST, DataPosition, atomic_write_bytes, sha256_file
+from parallel import contract, events
+from parallel.checkpoints import last_words
+from parallel.checkpoints.manifest import MANIFEST, DataPosition, atomic_write_bytes, sha256_file
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--at", type=int, default=3)

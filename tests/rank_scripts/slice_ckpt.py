@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from parallel import contract, events
-from parallel.manifest import atomic_write_bytes
+from parallel.checkpoints.manifest import atomic_write_bytes
 
 SLICE_BYTES = 256 * 1024
 

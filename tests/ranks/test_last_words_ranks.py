@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
-from parallel.manifest import sha256_file
+from parallel.checkpoints.manifest import sha256_file
 
 pytestmark = pytest.mark.mindspore
 SCRIPT = str(RANK_SCRIPTS / "digits_last_words.py")

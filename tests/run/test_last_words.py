@@ -17,10 +17,10 @@ from helpers import RANK_SCRIPTS, assert_no_job_processes, run_launcher
 
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.run.last_words import LastWordsRequest
-from parallel import last_words
+from parallel.checkpoints import last_words
+from parallel.checkpoints.last_words import Answer, Progress, Request
+from parallel.checkpoints.manifest import DataPosition
 from parallel.contract import Event
-from parallel.last_words import Answer, Progress, Request
-from parallel.manifest import DataPosition
 
 PLAIN = str(RANK_SCRIPTS / "last_words_plain.py")
 

@@ -30,8 +30,8 @@ from launcher.observe.report import run_report
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.restarts import Policy, blamed_host, host_to_leave_out, shrink_problem
 from parallel import contract
+from parallel.checkpoints.manifest import DataPosition, Manifest, RankFile
 from parallel.contract import Event
-from parallel.manifest import DataPosition, Manifest, RankFile
 
 JOB = str(RANK_SCRIPTS / "plain_job.py")  # plain-Python ranks: no MindSpore process
 CPU = ("--device", "cpu", "--cards", "2")

@@ -11,7 +11,7 @@ Every file is written under a temporary name in the same directory, fsynced, the
 old file or the new one. A step without a manifest is not a checkpoint: resuming only ever
 considers complete steps.
 
-The manifest's types live in ``parallel.manifest`` (no MindSpore: the launcher reads and writes
+The manifest's types live in ``parallel.checkpoints.manifest`` (no MindSpore: the launcher reads and writes
 them too); saving and loading import MindSpore when they run.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from parallel.manifest import (  # noqa: F401
+from parallel.checkpoints.manifest import (  # noqa: F401
     MANIFEST,
     DataPosition,
     Manifest,

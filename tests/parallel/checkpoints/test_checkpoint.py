@@ -15,9 +15,9 @@ from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parallel import checkpoint
-from parallel.checkpoint import DataPosition
-from parallel.manifest import RankFile
+from parallel.checkpoints import checkpoint
+from parallel.checkpoints.checkpoint import DataPosition
+from parallel.checkpoints.manifest import RankFile
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ CRASHING_SAVE = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import mindspore as ms
-    from parallel import checkpoint
+    from parallel.checkpoints import checkpoint
 
     def die_before_publishing(src, dst):
         if str(dst).endswith(".ckpt"):
@@ -280,7 +280,7 @@ def test_divergent_ranks_partitions_the_ranks(digests: list) -> None:
 
 def test_manifests_amp_and_schedules_import_without_mindspore() -> None:
     """The launcher may read manifests and validate AMP options where MindSpore is absent."""
-    probe = ("import sys, parallel.checkpoint, parallel.amp, parallel.schedules; "
+    probe = ("import sys, parallel.checkpoints.checkpoint, parallel.amp, parallel.schedules; "
              "print('mindspore' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

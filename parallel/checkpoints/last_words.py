@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from parallel import contract
-from parallel.manifest import DataPosition, atomic_write_bytes
+from parallel.checkpoints.manifest import DataPosition, atomic_write_bytes
 
 POLL = 0.02
 """Seconds between two looks for the request (a ``stat``)."""

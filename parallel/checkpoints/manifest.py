@@ -1,7 +1,7 @@
 """What a complete checkpoint is, as plain data: the manifest and its entries, and the atomic
 writes every file of a checkpoint goes through.
 
-Both sides read these: the trainer writes and loads manifests (``parallel.checkpoint``), and
+Both sides read these: the trainer writes and loads manifests (``parallel.checkpoints.checkpoint``), and
 node 0's launcher builds the job-wide one from the ranks' checkpoint events
 (``launcher.checkpoints.ledger``). Standard library only.
 """
