@@ -11,8 +11,9 @@ attempt, if at least that many hosts remain and the data still splits over the r
 (``Shrink``). Two attempts in a row that failed at the same step (or both before any step or
 progress) with the same root cause and no newer complete checkpoint stop the job
 (``cannot_help``) with ``NO_PROGRESS_EXIT_CODE``.
-``launch.run_with_restarts`` acts on what this module decides, and every attempt becomes one
-entry of summary.json's ``attempts`` (``AttemptRecord``).
+``launcher.run.restart_decision`` puts these rules together into one decision, which
+``launch.run_with_restarts`` carries out; every attempt becomes one entry of summary.json's
+``attempts`` (``AttemptRecord``).
 """
 from __future__ import annotations
 
@@ -198,13 +199,19 @@ def host_to_leave_out(blamed: Sequence[Optional[str]], hosts: Sequence[str],
     """The host to run the next attempt without: the one blamed for the last
     ``BLAMED_IN_A_ROW`` failures, when it is still a host of the job and at least ``min_nodes``
     would remain."""
-    if min_nodes is None or len(blamed) < BLAMED_IN_A_ROW:
+    if len(blamed) < BLAMED_IN_A_ROW:
         return None
     last = blamed[-BLAMED_IN_A_ROW:]
     host = last[0]
-    if host is None or any(h != host for h in last) or host not in hosts:
+    if host is None or any(h != host for h in last):
         return None
-    return host if len(hosts) - 1 >= min_nodes else None
+    return host if may_leave(host, hosts, min_nodes) else None
+
+
+def may_leave(host: str, hosts: Sequence[str], min_nodes: Optional[int]) -> bool:
+    """Whether ``host`` may be left out of a job on ``hosts``: ``--min-nodes`` was given, it is
+    one of them, and at least that many would remain."""
+    return min_nodes is not None and host in hosts and len(hosts) - 1 >= min_nodes
 
 
 def shrink_problem(world_before: int, world_after: int, global_batch: Optional[int]) -> Optional[str]:
