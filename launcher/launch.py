@@ -1,6 +1,6 @@
 """``npu-launch SCRIPT``: the short story of a job. ``launcher.job.make_job`` turns the checked
 config into a plan (or ``--dry-run`` prints it); the job runs, one ``launcher.attempt.Attempt``
-per try, restarted as ``launcher.run.restarts`` decides; ``summary.json`` is written last.
+per try, restarted as ``launcher.run.restart_decision`` decides; ``summary.json`` is written last.
 
 One node: the watch loop (``launcher.run.watch``) runs the plan's ranks here
 (``supervisor.run_local``). Several nodes: a backend (ssh, Slurm, OpenMPI) names the hosts,
@@ -11,11 +11,13 @@ one ``Attempt`` per try carries the ranks' events to the monitor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import signal
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from collections import Counter
+from typing import Callable, Mapping, Optional, TextIO
 
 from launcher import files
 from launcher.attempt import Attempt, Attempts, StopRequest
@@ -46,18 +48,18 @@ from launcher.run.events import prepare_dirs
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.last_words import LastWordsRequest
 from launcher.run.output import Console
-from launcher.run.restarts import (
-    BLAMED_IN_A_ROW,
-    AttemptRecord,
-    FailurePoint,
-    Policy,
-    blamed_host,
-    cannot_help,
-    host_to_leave_out,
-    not_restarted,
-    shrink_problem,
-    stop_restarting,
+from launcher.run.restart_decision import (
+    CARDS_FIT,
+    AttemptEnd,
+    BlameHistory,
+    CardVerdict,
+    Decision,
+    GoesOn,
+    JobShape,
+    RestartDecision,
+    decide,
 )
+from launcher.run.restarts import AttemptRecord, Policy
 from launcher.run.spares import Spares
 from launcher.run.supervisor import print_message, run_local
 from launcher.run.watch import wait_unless_signalled
@@ -133,11 +135,11 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
     ``--max-restarts`` times in all, waiting the backoff first (``launcher.run.restarts``). The
     ranks see the attempt in ``NPU_LAUNCH_RESTART``, and the newest step the ledger knows
     complete in ``NPU_LAUNCH_RESUME_STEP``; the trainer resumes from it. The script's own
-    newest checkpoints are in its ``{checkpoint}`` and ``NPU_LAUNCH_CHECKPOINT``. With ``--min-nodes``
-    a host blamed for the last two failures is left out (``_leave_out``). Two failures in a
-    row at the same step (or both before any), of the same cause, with no newer complete
-    checkpoint, stop the job (``restarts.cannot_help``); a failure before start-up is not
-    restarted, and one line says why (``restarts.not_restarted``)."""
+    newest checkpoints are in its ``{checkpoint}`` and ``NPU_LAUNCH_CHECKPOINT``. What follows
+    an attempt is one pure decision (``launcher.run.restart_decision.decide``: stop, restart,
+    or restart without a host, ``--min-nodes``); this loop only carries it out: it prints the
+    decision's lines, re-checks the blamed host's cards when the decision asks, reshapes the
+    ledger for a job left smaller, and waits out the backoff."""
     policy = Policy(config.max_restarts, *config.backoff, config.min_nodes,
                     first_at_once=config.restart_backoff is None)
     # Warm spares for the next attempt (``launcher.run.spares``): where this launcher runs ranks.
@@ -153,9 +155,8 @@ def run_with_restarts(job: Job, config: LaunchConfig, environ: Mapping[str, str]
 def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
               attempts: "Attempts", err: TextIO, policy: Policy,
               spares: Optional[Spares]) -> JobResult:
-    blamed: list[Optional[str]] = []
-    last: Optional[FailurePoint] = None
-    left_out: list[str] = []
+    history = BlameHistory()
+    left_out: tuple[str, ...] = ()
     waited = 0.0
     while True:
         attempt = attempts.begin(job.plan)
@@ -168,44 +169,35 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         attempts.monitor.attempt_ended(AttemptRecord.of(
             plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
             plan.world_size, waited, left_out))
-        restartable = result.outcome in (Outcome.FAILED, Outcome.STALLED)
-        again = plan.restart + 1
-        if not restartable or again > policy.max_restarts:
-            return result
-        if not _started_up(attempt, plan, policy, result):
-            line = not_restarted(result, policy.min_nodes)
-            return dataclasses.replace(result, message=f"{result.message}\n{line}".lstrip())
-        point = attempt.failure_point(result)
-        blamed.append(blamed_host(result))
-        # Without the host that caused both failures the next attempt differs: it may help.
-        leaving = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
-        if last is not None and leaving is None and cannot_help(last, point):
-            return stop_restarting(result, point.told(last))
-        last = point
-        first_line = result.message.splitlines()[0] if result.message else result.outcome.value
-        waited = policy.wait_before(again)
-        console.begin_attempt(again)  # the old attempt's lines before this line, or tagged
-        err.write(f"npu-launch: restart {again} of {policy.max_restarts}"
-                  f"{f' in {waited:g} s' if waited else ''} after: "
-                  f"{first_line.removeprefix('npu-launch: ')}\n"
-                  + "".join(f"{line}\n" for line in result.message.splitlines()
-                            if line.startswith(LIKELY_CAUSE)))
-        bad = recheck_before_restart(plan, job.backend, blamed[-1], config.card_free_timeout,
-                                     environ, err)  # launcher.cluster.card_checks
-        job, resume, gone = _leave_out(job, [bad.host] * BLAMED_IN_A_ROW if bad else blamed,
-                                       policy, attempts, err, bad.why if bad else None)
-        if bad is not None and gone is None:
-            return bad.stopped(result, plan.job_id)
+        end = _end_of(attempt, plan, policy, result)
+        smaller = functools.cache(job.without) if job.without is not None else None
+        shape = _shape(job, attempts.monitor, smaller)
+        decision = decide(end, policy, history, shape)  # launcher.run.restart_decision
+        if decision.kind is Decision.CHECK_CARDS:
+            decision = decide(end, policy, history, shape,
+                              _check_cards(job, config, environ, console, err, decision))
+        err.write("".join(f"{line}\n" for line in decision.lines))
+        if decision.stops:
+            return decision.result
+        resume = attempts.ledger.resume_point()
+        if decision.kind is Decision.LEAVE_OUT and decision.host and smaller is not None:
+            job, resume = _leave_out(smaller(decision.host), attempts.ledger, resume)
+            left_out = (*left_out, decision.host)
         _say_passed_over(attempts.ledger, resume, err)
-        if gone is not None:
-            left_out.append(gone)
-            blamed.clear()
+        history, waited = decision.history, decision.wait_s
         signum = wait_unless_signalled(waited)
         if signum is not None:
             return _stopped_waiting(result, plan.job_id, signum)
-        plan = job.plan.restarted(again, resume)
+        plan = job.plan.restarted(decision.attempt, resume)
         saved = newest_paths(plan, attempts.saves) if attempts.saves is not None else {}
         job = dataclasses.replace(job, plan=with_checkpoints(plan, saved))
+
+
+def _end_of(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: JobResult) -> AttemptEnd:
+    """What the attempt's end says, for the restart decision."""
+    likely = tuple(line for line in result.message.splitlines() if line.startswith(LIKELY_CAUSE))
+    return AttemptEnd(result, plan.restart, _started_up(attempt, plan, policy, result),
+                      attempt.failure_point(result), likely)
 
 
 def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: JobResult) -> bool:
@@ -223,38 +215,42 @@ def _started_up(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: Jo
     return attempt.called_init(rank) if rank is not None else attempt.all_called_init(plan)
 
 
-def _leave_out(job: Job, blamed: Sequence[Optional[str]], policy: Policy,
-               attempts: "Attempts", err: TextIO, why: Optional[str] = None
-               ) -> tuple[Job, Optional[ResumePoint], Optional[str]]:
-    """The job the next attempt runs, the step it resumes from, and the host it runs without
-    (None: every host stays). A host leaves when ``restarts.host_to_leave_out`` names it and
-    the job can go on without it: the layout still fits and the global batch splits over the
-    ranks left; else the attempt runs on every host again, and one line says why. ``why``:
-    the reason to tell instead of the failures (a bad card, ``launcher.cluster.card_checks``)."""
-    plan, ledger = job.plan, attempts.ledger
-    resume = ledger.resume_point()
-    host = host_to_leave_out(blamed, plan.hosts, policy.min_nodes)
-    if host is None or job.without is None:
-        return job, resume, None
-    after = plan.world_size - sum(1 for spec in plan.ranks if spec.host == host)
-    problem = shrink_problem(plan.world_size, after, attempts.monitor.global_batch())
-    smaller = None
-    if problem is None:
-        try:
-            smaller = job.without(host)
-        except (ConfigError, BadInput) as e:
-            problem = str(e)
-    because = why or f"its ranks caused the last {BLAMED_IN_A_ROW} failures"
-    if smaller is None:
-        err.write(f"npu-launch: {host} {why or f'caused the last {BLAMED_IN_A_ROW} failures'} "
-                  f"but stays in the job: {problem}\n")
-        return job, resume, None
+def _shape(job: Job, monitor: JobMonitor, smaller: Optional[Callable[[str], Job]]) -> JobShape:
+    """The job as the restart decision sees it; ``smaller``: ``Job.without``, remembering the
+    job it made for the host that leaves."""
+    plan = job.plan
+    return JobShape(plan.job_id, plan.hosts, plan.world_size, Counter(s.host for s in plan.ranks),
+                    monitor.global_batch(), functools.partial(_goes_on, smaller) if smaller else None)
+
+
+def _goes_on(smaller: Callable[[str], Job], host: str) -> GoesOn:
+    """The job without ``host``, as the restart decision needs it: the hosts and ranks left, or
+    why its layout cannot go on without it."""
+    try:
+        plan = smaller(host).plan
+    except (ConfigError, BadInput) as e:
+        return GoesOn(problem=str(e))
+    return GoesOn(plan.nnodes, plan.world_size)
+
+
+def _check_cards(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
+                 err: TextIO, decision: RestartDecision) -> CardVerdict:
+    """Say the restart, then check the blamed host's cards again (``launcher.cluster.card_checks``:
+    it waits up to ``--card-free-timeout`` for a held card): the verdict the decision takes."""
+    console.begin_attempt(decision.attempt)  # the old attempt's lines before this line, or tagged
+    err.write("".join(f"{line}\n" for line in decision.lines))
+    bad = recheck_before_restart(job.plan, job.backend, decision.host, config.card_free_timeout,
+                                 environ, err)
+    return CardVerdict(bad.host, bad.why) if bad is not None else CARDS_FIT
+
+
+def _leave_out(smaller: Job, ledger: CheckpointLedger, resume: Optional[ResumePoint]
+               ) -> tuple[Job, Optional[ResumePoint]]:
+    """The job without the host the decision left out, and the step it resumes from: the
+    ledger reshaped for its ranks, the resume step's manifest cut to them."""
     new = smaller.plan
-    err.write(f"npu-launch: leaving {host} out: {because}; "
-              f"{new.nnodes} host(s) and {new.world_size} rank(s) go on "
-              f"(--min-nodes {policy.min_nodes}), the global batch kept\n")
     ledger.reshape(new.world_size, new.collect_ranks, resume.step if resume else None)
-    return smaller, resume.for_world(new.world_size) if resume else None, host
+    return smaller, resume.for_world(new.world_size) if resume else None
 
 
 def _say_passed_over(ledger: CheckpointLedger, resume: Optional[ResumePoint],

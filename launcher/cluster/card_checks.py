@@ -25,7 +25,6 @@ from launcher.cluster.preflight import HostCheck
 from launcher.config.devices import DeviceKind, find_cards
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan
-from launcher.run.failures import Cause, JobResult, Outcome
 
 RECHECK_SLACK_S = 30.0
 """Beyond ``--card-free-timeout``: the ssh connection and the checks themselves."""
@@ -126,13 +125,8 @@ class BadCards:
 
     @property
     def why(self) -> str:
+        """Every bad card, in one line (the restart decision's ``CardVerdict.why``)."""
         return "; ".join(p.describe(self.host) for p in self.problems)
-
-    def stopped(self, failed: JobResult, job_id: str) -> JobResult:
-        """The job's end: the failure, and why it is not restarted."""
-        return JobResult(Outcome.FAILED, failed.exit_code or 1,
-                         f"npu-launch: job {job_id} not restarted: {self.why}\n{failed.message}",
-                         failed.ended_at, failed.cause or Cause(Outcome.FAILED, host=self.host))
 
 
 def recheck_before_restart(plan: LaunchPlan, backend: Optional[Backend],
