@@ -2,7 +2,7 @@
 
     python bench/bench_progress.py --runs 3 --steps 300 --timeouts 5 10 20
 
-1. The rank hook's progress counting (``parallel.progress``): the same 2-rank job
+1. The rank hook's progress counting (``parallel.hook.progress``): the same 2-rank job
    (``tests/plain_scripts/plain_loop.py``, graph mode) with detection off (``--hang-timeout 0``:
    no hook) and on (the default), alternating, for a custom loop over a dataset iterator and for
    ``Model.train``. Prints the median of the ranks' mean step time (after the first two steps)
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 PLAIN = REPO / "tests" / "plain_scripts" / "plain_loop.py"
 sys.path.insert(0, str(REPO))
 
-from parallel import progress  # noqa: E402
+from parallel.hook import progress  # noqa: E402
 
 
 def launch(*args: str) -> list[str]:

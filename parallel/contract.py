@@ -21,7 +21,7 @@ Going in (launcher -> rank):
 * npu-launch's own: the ``NPU_LAUNCH_*`` names below.
 
 Coming back (rank -> launcher): one JSON-lines events file and one JSON error report per rank,
-written by ``parallel.rank_hook`` (through ``sitecustomize``: the user decorates nothing)."""
+written by ``parallel.hook.rank_hook`` (through ``sitecustomize``: the user decorates nothing)."""
 from __future__ import annotations
 
 import dataclasses
@@ -129,7 +129,7 @@ PROGRESS = "NPU_LAUNCH_PROGRESS"
 """``1``: hang detection is on (``--hang-timeout`` > 0): the rank hook counts progress."""
 RESTART = "NPU_LAUNCH_RESTART"
 """How many times the job was restarted before this attempt (0 the first time)."""
-SPARE = "NPU_LAUNCH_SPARE"  # in a warm spare only (parallel.spare): the framework it imports
+SPARE = "NPU_LAUNCH_SPARE"  # in a warm spare only (parallel.hook.spare): the framework it imports
 PLANNED_WORLD = "NPU_LAUNCH_PLANNED_WORLD_SIZE"
 """Set when the job goes on with fewer ranks than it was planned with (``--min-nodes`` left a
 host out): the planned world size, for ``parallel.data.sharded_dataset``'s global batch."""
@@ -172,7 +172,7 @@ EVENT_STARTED = "started"
 ``process_start`` (when the kernel started the process, seconds since the epoch)."""
 EVENT_FRAMEWORK = "framework"
 """Sent once per framework by the rank hook as the rank begins importing it: ``name`` (one of
-``FRAMEWORKS``), ``kept`` (``parallel.spare.kept``), ``warm`` (a spare became the rank). A
+``FRAMEWORKS``), ``kept`` (``parallel.hook.spare.kept``), ``warm`` (a spare became the rank). A
 ``mindspore`` one from the scheduler's host starts the scheduler (``launcher.run.supervisor``)."""
 EVENT_INIT_STARTED = "init-started"
 EVENT_INITIALISED = "initialised"
@@ -184,13 +184,13 @@ and ``exec_mode``."""
 EVENT_STEP = "step"
 """A step ended; the first of a ``fit`` also carries ``exec_mode``, ``log_every`` (steps between
 two of these), ``saves_on_stop`` (it saves at ``STOP_REQUEST_FILE``'s step) and ``last_words``
-(false: it answers no last words request; ``parallel.model_train``'s steps)."""
+(false: it answers no last words request; ``parallel.hook.model_train``'s steps)."""
 STOP_REQUEST_FILE = "stop_request"
 """Written by node 0 into the log directory (``LOG_DIR``) when npu-launch is told to stop
 (SIGTERM, SIGINT, SIGHUP) and every rank said ``saves_on_stop``: one line, the step at which
 every rank saves a checkpoint and exits 0 (a rank past it saves the step it is at); or
 ``STOP_NO_SAVE``, written as the job's processes are stopped without a save, so that a rank
-that got the stop signal itself dies at once (``parallel.preemption``)."""
+that got the stop signal itself dies at once (``parallel.hook.preemption``)."""
 STOP_NO_SAVE = "none"
 LAST_WORDS_REQUEST_FILE = "last_words_request"
 """Written by node 0 into ``LOG_DIR`` when a rank of a data-parallel job failed or hung, before
@@ -221,7 +221,7 @@ EVENT_FIRST_STEP = "first-step"
 """Sent once by the rank hook when the main thread's first top-level Cell call returns: the end
 of the first step (graph compilation), for the start-up breakdown (``launcher.observe.startup``)."""
 EVENT_PROGRESS = "progress"
-"""The rank hook's view of training progress (``parallel.progress``), sent at most twice a second
+"""The rank hook's view of training progress (``parallel.hook.progress``), sent at most twice a second
 and only on a change: ``count`` (top-level Cell calls completed plus dataset batches fetched),
 ``busy`` (inside a top-level call now) and ``loads`` (checkpoint loads so far); ``section``
 (``save`` or ``eval`` while the main thread is inside a checkpoint save or an evaluation, else

@@ -27,8 +27,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, contract, events, preemption
+from parallel import amp, contract, events
 from parallel.checkpoints import checkpoint, last_words
+from parallel.hook import preemption
 from parallel.train_cells import (
     AccumulateStep,
     Accumulators,

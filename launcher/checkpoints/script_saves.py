@@ -1,5 +1,5 @@
 """Node 0's record of the checkpoint files the script saved itself (``saved`` events: its
-``save_checkpoint`` calls and ``ModelCheckpoint``s, ``parallel.script_saves``), for the
+``save_checkpoint`` calls and ``ModelCheckpoint``s, ``parallel.hook.script_saves``), for the
 ``{checkpoint}`` argument and ``NPU_LAUNCH_CHECKPOINT`` of the next attempt or launch.
 
 Per rank, the newest few completed files, kept in the log directory

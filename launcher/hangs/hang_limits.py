@@ -21,7 +21,7 @@ extension uses 5 too)."""
 
 LEARN_FLOOR = 10.0
 """Seconds a learnt limit is at least, unless ``--hang-floor`` says otherwise: a progress event
-may lag its step by half a second (``parallel.progress.INTERVAL``), a busy machine stretches a
+may lag its step by half a second (``parallel.hook.progress.INTERVAL``), a busy machine stretches a
 step twofold."""
 
 

@@ -2,7 +2,7 @@
 live in ``launcher.hangs.hang_limits``, each node's readings of its ranks in
 ``launcher.hangs.liveness`` (alive or frozen) and ``launcher.hangs.stack_samples`` (stacks).
 
-Progress is what the ranks report: the rank hook's ``progress`` events (``parallel.progress``:
+Progress is what the ranks report: the rank hook's ``progress`` events (``parallel.hook.progress``:
 top-level Cell calls, dataset batches, checkpoint loads, graph compilations), the trainer's
 ``step`` events, and ``initialised``. ``launcher.ranks.RankRecord`` folds them (what counts as
 progress is said there, once), with the launcher's clock when each arrived (not the rank's, so

@@ -9,7 +9,7 @@ sets ``GLOG_v`` or puts another MindSpore on ``sys.path`` before its import woul
 same in a process that imported MindSpore already. One spare per process of the node: each
 rank, and the scheduler where the node runs it. Each runs the process's own command in its
 own session with its environment, plus ``NPU_LAUNCH_SPARE`` and a token of its own; the rank
-side (``parallel.spare``) imports the framework and waits on its stdin.
+side (``parallel.hook.spare``) imports the framework and waits on its stdin.
 
 The next attempt's ``LocalRanks`` takes the spare of each process whose command, working
 directory and environment are the same but for what names the attempt (``ATTEMPT_KEYS``), and

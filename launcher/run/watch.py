@@ -212,7 +212,7 @@ SignalHandlers = dict[signal.Signals, Any]
 
 def _no_save(log_dir: str) -> None:
     """Tell ranks that get a stop signal now that no save comes: they die at once
-    (``parallel.preemption``; a save asked for is made or given up by now)."""
+    (``parallel.hook.preemption``; a save asked for is made or given up by now)."""
     path = os.path.join(log_dir, contract.STOP_REQUEST_FILE)
     try:
         atomic_write_bytes(path, f"{contract.STOP_NO_SAVE}\n".encode())

@@ -16,7 +16,7 @@ from types import ModuleType
 
 def _rank_hook() -> ModuleType | None:
     try:
-        from parallel import rank_hook
+        from parallel.hook import rank_hook
         return rank_hook
     except ImportError:
         pass
@@ -25,7 +25,7 @@ def _rank_hook() -> ModuleType | None:
     tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, tree)
     try:
-        from parallel import rank_hook
+        from parallel.hook import rank_hook
         return rank_hook
     except Exception:  # noqa: BLE001 - a Python too old for it: run the script unchanged
         for name in [n for n in sys.modules if n == "parallel" or n.startswith("parallel.")]:

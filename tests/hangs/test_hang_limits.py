@@ -116,7 +116,7 @@ def test_the_rank_hook_wraps_mindsporess_saves_evaluations_and_fit(tmp_path: Pat
         "import time, mindspore as ms, numpy as np\n"
         "from mindspore import nn\n"
         "from mindspore.train.callback import _checkpoint, CheckpointConfig, ModelCheckpoint\n"
-        "from parallel import progress\n"
+        "from parallel.hook import progress\n"
         "for f in (ms.save_checkpoint, _checkpoint.save_checkpoint, ms.train.Model.eval,\n"
         "          ms.train.Model.train, ms.train.Model.fit):\n"
         "    assert f.__name__ in ('save_checkpoint', 'eval', 'train', 'fit') and hasattr(f, '__wrapped__'), f\n"

@@ -1,7 +1,7 @@
 """The hang check's judgement, on rank states built from events (``launcher.hangs.stalls``): a
 rank is judged only once every rank is frozen (no progress and, with a learnt limit, no sign of
 life from its supervisor's readings), ranks busy alone are told, graph compilation has the
-grace; and the rank hook's progress counters (``parallel.progress``), in this process."""
+grace; and the rank hook's progress counters (``parallel.hook.progress``), in this process."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +23,9 @@ from launcher.hangs.stalls import (
     stalled_before,
 )
 from launcher.ranks.record import RankRecord
-from parallel import contract, progress
+from parallel import contract
 from parallel.contract import Event
+from parallel.hook import progress
 
 LIMITS = Limits(timeout=10.0, grace=100.0)
 IN_MINDSPORE = ("/py/site-packages/mindspore/graph/api.py:2432 in _exec_pip",

@@ -12,8 +12,9 @@ import pytest
 from mindspore import dataset as ds
 from mindspore import nn
 
-from parallel import checkpoint, contract
+from parallel import contract
 from parallel.amp import AmpError, LossScaleConfig, LossScaleMode
+from parallel.checkpoints import checkpoint
 from parallel.config import ExecMode
 from parallel.schedules import LrSchedule
 from parallel.trainer import Callback, Signal, StepInfo, Trainer, TrainerError

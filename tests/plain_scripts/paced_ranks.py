@@ -15,7 +15,7 @@ deterministic failure). Each step is also reported as the trainer's ``step`` eve
 ``--end-rank R --end-at K``: rank R's script ends after its step K while the others go on;
 then every rank's exit handlers, after a clean end, wait until every rank's script has ended, as
 MindSpore's finalisation waits for the cluster. (The rank hook's ``exiting`` comes before them,
-as it comes before MindSpore's: ``parallel.ending.again_after_init`` after "init".)
+as it comes before MindSpore's: ``parallel.hook.ending.again_after_init`` after "init".)
 """
 import argparse
 import atexit
@@ -23,7 +23,8 @@ import os
 import sys
 import time
 
-from parallel import contract, ending, events
+from parallel import contract, events
+from parallel.hook import ending
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)

@@ -1,6 +1,6 @@
 """A plain MindSpore data-parallel script that trains with ``Model.train`` and saves with
 ``ModelCheckpoint``, as msrun's users write them: nothing of npu-launch imported (the rank hook
-adds the save on a stop, ``parallel.model_train``).
+adds the save on a stop, ``parallel.hook.model_train``).
 
 --steps N steps in one epoch, each at least --step-time S seconds; on rank 0 alone, as many
 data-parallel scripts do, a ``ModelCheckpoint`` (prefix ``net``, directory CKPT) every

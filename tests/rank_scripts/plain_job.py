@@ -51,8 +51,8 @@ import sys
 import threading
 import time
 
-from parallel import ending
 from parallel.events import emit
+from parallel.hook import ending
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)

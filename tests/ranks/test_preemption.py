@@ -106,7 +106,7 @@ def test_model_train_ranks_save_on_a_stop_but_are_not_asked_for_last_words(tmp_p
 
 _BLOCKED = """
 import os, sys, time
-from parallel import preemption
+from parallel.hook import preemption
 with preemption.deferred_sigterm(sys.argv[1]):
     print("ready", flush=True)
     r, w = os.pipe()
@@ -141,7 +141,7 @@ def test_a_rank_signalled_itself_waits_for_the_launchers_word(
 
 _FORKS = """
 import os, signal, sys, time
-from parallel import preemption
+from parallel.hook import preemption
 with preemption.deferred_sigterm(sys.argv[1]):
     child = os.fork()
     if child == 0:

@@ -1,4 +1,4 @@
-"""Warm spares (``launcher.run.spares``, ``parallel.spare``) with real processes and plain-Python
+"""Warm spares (``launcher.run.spares``, ``parallel.hook.spare``) with real processes and plain-Python
 scripts: what a spare runs before and after the go, that the attempt's group adopts it as one
 of its own, and that nothing of it outlives the launch or is ended by another's teardown. The
 "framework" a spare imports here is a module of the test's that notes its import (MindSpore's

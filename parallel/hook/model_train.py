@@ -12,12 +12,12 @@ the name its periodic saves take (``PREFIX-EPOCH_STEP.ckpt``), with what they ho
 exits 0. A rank without one stops at the same step (a data-parallel script often saves on rank 0
 alone: its peers must not leave it waiting in the step's all-reduce). A rank signalled itself
 (Slurm signals every process of a job step) waits for that word as the shared trainer's do
-(``parallel.preemption``).
+(``parallel.hook.preemption``).
 
 Resuming is the script's own: it loads its newest checkpoint as after any stop (npu-launch
 hands it the path, ``{checkpoint}``). Resumed the tutorials' way from a save made mid-epoch,
-the call trains the rest of that epoch first (``parallel.mid_epoch``). The running fit's place
-goes to ``parallel.script_saves``, which tells npu-launch of each file the script saves.
+the call trains the rest of that epoch first (``parallel.hook.mid_epoch``). The running fit's place
+goes to ``parallel.hook.script_saves``, which tells npu-launch of each file the script saves.
 
 Nothing here imports MindSpore: ``Model.train``'s module has loaded it when this runs.
 """
@@ -30,7 +30,8 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from parallel import contract, events, mid_epoch, preemption, script_saves
+from parallel import contract, events
+from parallel.hook import mid_epoch, preemption, script_saves
 
 REPORT_EVERY = 0.5
 """Seconds between two ``step`` events at most (the first step's is sent at once)."""

@@ -1,4 +1,4 @@
-"""A rank's uncaught exception, reported to the launcher by the rank hook (``parallel.rank_hook``):
+"""A rank's uncaught exception, reported to the launcher by the rank hook (``parallel.hook.rank_hook``):
 ``{rank, host, pid, exception, message, traceback, timestamp}`` as JSON in
 ``$NPU_LAUNCH_ERROR_FILE``, written atomically, after Python printed the traceback. Standard
 library only."""

@@ -9,7 +9,7 @@
   torch (a MindSpore one starts the job's scheduler: a torch job runs none), and ``initialised``
   when MindSpore's communication ``init()`` returns, which is how the launcher tells a rank
   stuck before ``init()``.
-* Progress events (``parallel.progress``): top-level ``Cell`` calls, dataset batches,
+* Progress events (``parallel.hook.progress``): top-level ``Cell`` calls, dataset batches,
   checkpoint loads, and checkpoint saves and ``Model.eval`` (sections of their own kind);
   torch's ``Module`` calls, ``backward``, collectives and ``DataLoader`` batches: counted for
   the launcher's hang check whatever loop the script runs.
@@ -17,10 +17,10 @@
   (``_MODULE_HOOKS``, ``_TORCH_HOOKS``), so a script pays only for what it imports.
 * A stack dump on SIGUSR1 to ``$NPU_LAUNCH_STACK_FILE``, for the launcher's hang check.
 * Every thread's Python stack in the rank's log when a fault of its own kills it, and an
-  ``exiting`` event as the exit handlers begin (``parallel.ending``).
+  ``exiting`` event as the exit handlers begin (``parallel.hook.ending``).
 * A save on preemption for ``Model.train``/``fit`` with a ``ModelCheckpoint``
-  (``parallel.model_train``); each checkpoint file the script saves told as it is complete, and
-  a resume from a mid-epoch save made exact (``parallel.script_saves``, ``parallel.mid_epoch``).
+  (``parallel.hook.model_train``); each checkpoint file the script saves told as it is complete, and
+  a resume from a mid-epoch save made exact (``parallel.hook.script_saves``, ``parallel.hook.mid_epoch``).
 * A short wait for the scheduler's port before ``init()`` connects: MindSpore retries a refused
   registration only every 3-5 s, so connecting too early costs seconds.
 
@@ -44,7 +44,8 @@ import time
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
-from parallel import contract, ending, error_report, events, progress, spare
+from parallel import contract, events
+from parallel.hook import ending, error_report, progress, spare
 
 _PR_SET_PDEATHSIG = 1
 
@@ -86,7 +87,7 @@ def _hooks() -> dict[str, Callable[[Any], None]]:
 
 
 def _stand_by() -> str:
-    """A warm spare (``parallel.spare``): the parent watch, the wrappers, the framework
+    """A warm spare (``parallel.hook.spare``): the parent watch, the wrappers, the framework
     imported, then the wait for the go; returns the framework, once this is a rank."""
     framework = os.environ[contract.SPARE]
     if contract.PARENT_PID in os.environ:
@@ -253,14 +254,14 @@ def _patch_saves(module: Any) -> None:
 
 def _patch_script_saves(module: Any) -> None:
     """Each file the script saves told as it is complete; the file it loaded remembered."""
-    from parallel import script_saves
+    from parallel.hook import script_saves
 
     module.save_checkpoint = script_saves.reporting_save(module.save_checkpoint)
     module.load_checkpoint = script_saves.recording_load(module.load_checkpoint)
 
 
 def _patch_model_train(module: Any) -> None:
-    from parallel import model_train  # here: not every rank's boot pays for it
+    from parallel.hook import model_train  # here: not every rank's boot pays for it
 
     module.Model.train = model_train.stopping_train(module.Model.train)
     module.Model.fit = model_train.stopping_train(module.Model.fit)

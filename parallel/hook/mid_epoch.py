@@ -3,9 +3,9 @@
 The way MindSpore's tutorials and model zoo resume: load the newest ``PREFIX-EPOCH_STEP.ckpt``,
 parse EPOCH from its name and pass ``initial_epoch=EPOCH`` to ``Model.train``, which then
 starts at epoch EPOCH+1. That is exact for a save at an epoch's end; for one in the middle of
-an epoch (npu-launch's save on preemption, ``parallel.model_train``; a ``ModelCheckpoint``
+an epoch (npu-launch's save on preemption, ``parallel.hook.model_train``; a ``ModelCheckpoint``
 whose ``save_checkpoint_steps`` does not divide the epoch) it silently skips the epoch's other
-steps. So when the file ``load_checkpoint`` read last (``parallel.script_saves``) is such a save
+steps. So when the file ``load_checkpoint`` read last (``parallel.hook.script_saves``) is such a save
 of epoch E at its step S of N, and the script asks to start at ``initial_epoch=E``, the call
 starts at epoch E instead, its data at step S+1 (``Dataset.set_init_step``, MindSpore 2.10: the
 global step) and its step count at (E-1)*N+S, so that ``ModelCheckpoint`` names and spaces its
@@ -30,7 +30,7 @@ import functools
 import os
 from typing import Any, Iterator, Optional
 
-from parallel.script_saves import Place, last_loaded, named_place
+from parallel.hook.script_saves import Place, last_loaded, named_place
 
 
 @dataclasses.dataclass(frozen=True)

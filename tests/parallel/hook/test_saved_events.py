@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from parallel import contract, script_saves
+from parallel import contract
+from parallel.hook import script_saves
 
 
 def _fake_save(save_obj: Any, ckpt_file_name: str, integrated_save: bool = True,

@@ -1,4 +1,4 @@
-"""How a rank's process ends, told to the launcher by the rank hook (``parallel.rank_hook``).
+"""How a rank's process ends, told to the launcher by the rank hook (``parallel.hook.rank_hook``).
 
 * A fault of its own (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: a native library's crash) first
   prints every thread's Python stack into the rank's log (faulthandler): no error report exists

@@ -1,6 +1,6 @@
 """The script's own checkpoints, told to npu-launch (via ``rank_hook``): each file its
 ``save_checkpoint`` completes (``ModelCheckpoint`` saves through it too) becomes a ``saved``
-event, and the file its ``load_checkpoint`` read last is remembered (``parallel.mid_epoch``).
+event, and the file its ``load_checkpoint`` read last is remembered (``parallel.hook.mid_epoch``).
 
 A ``saved`` event is sent only once the file is whole: after ``save_checkpoint`` returns, or,
 for ``async_save=True`` (a thread), once that thread has ended. ``async_save="process"`` saves
@@ -8,7 +8,7 @@ are not told: the process is MindSpore's to reap, and nothing here can learn its
 racing it. The shared trainer's files (their ``append_dict`` carries its data position,
 ``npu_launch.*``) are not told here either: it sends ``checkpoint`` events of its own.
 
-Where the save stands: inside a ``Model.train`` (``parallel.model_train`` says which fit runs),
+Where the save stands: inside a ``Model.train`` (``parallel.hook.model_train`` says which fit runs),
 the fit's epoch, the step within it and the steps an epoch has; otherwise, the epoch and step
 of a ``ModelCheckpoint`` name (``PREFIX-EPOCH_STEP.ckpt``), when the file has one.
 
@@ -62,7 +62,7 @@ def named_place(path: str) -> Optional[Place]:
 
 
 class _Fit:
-    """The fit that runs now (its ``cb_params``, set by ``parallel.model_train``) and the file
+    """The fit that runs now (its ``cb_params``, set by ``parallel.hook.model_train``) and the file
     ``load_checkpoint`` read last."""
 
     def __init__(self) -> None:
