@@ -99,7 +99,7 @@ def _plain(job: Job):
 def _sharded(job: Job):
     from parallel.config import ParallelConfig
     from parallel.data import sharded_dataset
-    from parallel.topology import RankInfo
+    from parallel.mode.topology import RankInfo
 
     info = RankInfo.in_layout(job.rank, job.world, ParallelConfig(seed=1))
     return sharded_dataset(job.files, info, job.batch, num_workers=job.workers)

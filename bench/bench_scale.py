@@ -224,7 +224,7 @@ class Bench:
         init = next(d.pid for d in self.cluster.daemons if d.role == "init" and d.host == node0)
         ns = _pid_ns(init)
         for proc in psutil.process_iter(["cmdline"]):
-            if "parallel.scheduler" in (proc.info["cmdline"] or []) and _pid_ns(proc.pid) == ns:
+            if "parallel.mode.scheduler" in (proc.info["cmdline"] or []) and _pid_ns(proc.pid) == ns:
                 times = proc.cpu_times()
                 return times.user + times.system
         return None

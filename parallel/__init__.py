@@ -10,11 +10,11 @@ from typing import Any
 def __getattr__(name: str) -> Any:
     """``parallel.init`` and ``parallel.RankInfo``, imported on first use (``init`` needs MindSpore)."""
     if name == "init":
-        from parallel.setup import init
+        from parallel.mode.setup import init
 
         return init
     if name == "RankInfo":
-        from parallel.topology import RankInfo
+        from parallel.mode.topology import RankInfo
 
         return RankInfo
     raise AttributeError(f"module 'parallel' has no attribute {name!r}")

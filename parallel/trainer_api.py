@@ -34,7 +34,7 @@ class Signal(enum.Enum):
 
 
 class RankLike(Protocol):
-    """Anything saying who this rank is (``parallel.setup.RankInfo``, ``RankIdentity``)."""
+    """Anything saying who this rank is (``parallel.mode.topology.RankInfo``, ``RankIdentity``)."""
 
     @property
     def rank(self) -> int: ...

@@ -149,7 +149,7 @@ LONG_FILES = ("tests/ranks/test_toolkits.py", "tests/hangs/test_busy_alone.py",
               "tests/hangs/test_hang_limits.py",
               "tests/cli/test_cli_properties.py", "tests/parallel/test_trainer.py", "tests/run/test_supervision.py",
               "tests/cli/test_bad_input.py", "tests/plan/test_pods.py",
-              "tests/parallel/test_parallel_setup.py", "tests/cli/test_last_bad_inputs.py")
+              "tests/parallel/mode/test_parallel_setup.py", "tests/cli/test_last_bad_inputs.py")
 """The files outside the two long groups that took 18-75 s each in CI (2026-12-03), longest
 first: handed out right after those groups, so that no long file is left for the end, when the
 other worker may have nothing left to do. Only the order depends on it, never a result."""

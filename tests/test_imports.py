@@ -70,7 +70,7 @@ def test_the_dependency_rule_holds() -> None:
 
 @pytest.mark.parametrize("module, wrong", [
     ("parallel/events.py", "import launcher.errors"),
-    ("launcher/plan/launch_plan.py", "import parallel.setup"),
+    ("launcher/plan/launch_plan.py", "import parallel.mode.setup"),
     ("parallel/contract.py", "import yaml"),
     ("rank_tables/table.py", "import launcher.config.hostfile"),
     ("launcher/config/devices.py", "import launcher.plan.launch_plan"),  # a layer above

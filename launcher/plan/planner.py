@@ -17,7 +17,7 @@ from launcher.plan.checkpoint_arg import has_placeholder
 from launcher.plan.launch_plan import LaunchPlan, Node, ProcessSpec, RankAssignment, Role, StartMode, Timeouts
 from parallel import contract
 
-SCHEDULER_MODULE = "parallel.scheduler"
+SCHEDULER_MODULE = "parallel.mode.scheduler"
 # MindSpore retries refused connections every 3-5 s by default; the rank hook already waits for
 # the scheduler, so any retry that remains should be short.
 _FAST_RETRY = {contract.MS_RETRY_INTERVAL_LOWER: "1", contract.MS_RETRY_INTERVAL_UPPER: "1"}

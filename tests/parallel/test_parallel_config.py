@@ -181,6 +181,6 @@ def test_per_rank_batch_is_the_share_or_the_whole_under_full_batch():
 
 
 def test_the_launcher_can_import_the_config_without_mindspore():
-    code = ("import sys, parallel, parallel.config, parallel.topology; "
+    code = ("import sys, parallel, parallel.config, parallel.mode.topology; "
             "parallel.RankInfo; assert 'mindspore' not in sys.modules, 'mindspore imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -25,7 +25,7 @@ from parallel.config import ParallelConfig, ShardPolicy
 from parallel.contract import BadInput
 from parallel.data import ShardPlan, SourceKind, kept_global_batch, sharded_dataset, source_kind
 from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
-from parallel.topology import RankInfo
+from parallel.mode.topology import RankInfo
 
 pytestmark = pytest.mark.mindspore
 KINDS = list(SourceKind)

@@ -12,9 +12,9 @@ from mindspore import nn
 from mindspore.parallel.nn import PipelineCell
 
 from parallel.config import ParallelConfig
-from parallel.pipeline import parameter_weights, pipeline_network, split_stages
+from parallel.mode.pipeline import parameter_weights, pipeline_network, split_stages
 
-pytestmark = pytest.mark.mindspore  # parallel.pipeline imports MindSpore
+pytestmark = pytest.mark.mindspore  # parallel.mode.pipeline imports MindSpore
 
 
 def _brute_force_heaviest(weights, pp):

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+from helpers import REPO
 
 from parallel import contract
 from parallel.config import DeviceTarget, ParallelConfig
 
 pytestmark = pytest.mark.mindspore
-REPO = Path(__file__).resolve().parents[2]
 GRAPH_MODE, PYNATIVE_MODE = 0, 1  # mindspore.GRAPH_MODE, mindspore.PYNATIVE_MODE
 CONTEXT_KEYS = ["parallel_mode", "device_num", "global_rank", "gradients_mean", "full_batch",
                 "enable_parallel_optimizer", "pipeline_stages"]
@@ -72,7 +72,7 @@ def test_mindspore_reports_the_context_each_config_asks_for(tmp_path):
         import mindspore as ms
         from mindspore.communication import GlobalComm
         from parallel.config import ParallelConfig
-        from parallel.setup import apply_parallel_context
+        from parallel.mode.setup import apply_parallel_context
         reports = []
         for text, world, rank in {cases!r}:
             ms.reset_auto_parallel_context()
@@ -125,7 +125,7 @@ def test_a_model_parallel_script_stops_at_init_saying_it_needs_ascend(tmp_path, 
     assert result.returncode == 1
     assert "init returned" not in result.stdout
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith(f"parallel.setup.NeedsAscendError: {numbers} needs Ascend")
+    assert last_line.startswith(f"parallel.mode.setup.NeedsAscendError: {numbers} needs Ascend")
     assert "this rank's device is CPU" in last_line
     assert "Invalid communication backend" not in result.stderr
 
@@ -142,7 +142,7 @@ INIT_REPORT = """
         "dp": info.config.dp, "shard": list(info.shard), "seed": ms.get_seed(),
         "policy": info.config.shard_policy.value, "execution_mode": ms.get_context("mode"),
         "parallel_mode": ms.get_auto_parallel_context("parallel_mode"),
-        "inited": GlobalComm.INITED, "same_init": parallel.init is __import__("parallel.setup").setup.init,
+        "inited": GlobalComm.INITED, "same_init": parallel.init is __import__("parallel.mode.setup").mode.setup.init,
         "info_exec_mode": info.exec_mode.value, "exec_mode_source": info.exec_mode_source,
     }))
 """
@@ -195,7 +195,7 @@ def test_a_layout_that_does_not_fit_the_world_is_a_config_error_before_anything_
 
 
 def test_device_kinds_map_to_mindspore_targets_and_cpu_is_detected_here():
-    from parallel.setup import select_device
+    from parallel.mode.setup import select_device
 
     assert select_device("npu") is DeviceTarget.ASCEND
     assert select_device("cpu") is DeviceTarget.CPU
@@ -205,7 +205,7 @@ def test_device_kinds_map_to_mindspore_targets_and_cpu_is_detected_here():
 
 
 def test_the_parallel_config_comes_from_the_environment():
-    from parallel.setup import config_from_environ
+    from parallel.mode.setup import config_from_environ
 
     layout = ParallelConfig(mode="semi", mp=2, seed=5)
     assert config_from_environ({contract.PARALLEL: layout.to_json()}) == layout

@@ -18,7 +18,7 @@ import mindspore as ms
 
 from parallel import contract, events
 from parallel.config import DeviceTarget, ExecMode, ParallelConfig, ParallelMode
-from parallel.topology import RankInfo, coordinates_of, groups_of
+from parallel.mode.topology import RankInfo, coordinates_of, groups_of
 
 _DEVICE_KINDS = {"npu": DeviceTarget.ASCEND, "ascend": DeviceTarget.ASCEND, "cpu": DeviceTarget.CPU}
 

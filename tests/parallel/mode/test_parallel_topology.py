@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parallel.config import ParallelConfig
-from parallel.topology import RankCoordinates, RankInfo, coordinates_of, groups_of, rank_at, shard_of
+from parallel.mode.topology import RankCoordinates, RankInfo, coordinates_of, groups_of, rank_at, shard_of
 
 WORLD_16 = 16
 LAYOUT_16 = ParallelConfig(mode="semi", dp=2, mp=4, pp=2, micro_batches=2)
