@@ -66,7 +66,7 @@ class Row:
 
 
 def write_data(folder: Path, samples: int, files: int) -> str:
-    from parallel.mindrecord import write_mindrecord
+    from parallel.data import write_mindrecord
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (samples, 32 * 32 * 3), dtype=np.uint8)

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List
 import click
 import numpy as np
 
-from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
+from parallel.data import write_mindrecord, write_mindrecord_from_folder
 
 FILES = click.option("--files", "num_files", type=int, default=1, show_default=True,
                      help="How many MindRecord files to split the samples into.")

@@ -34,7 +34,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_data_parallel_ranks_end_with_identical_parameters(digits, weird_tmp):
     """Two ranks. Four (on two cores, 27 s) added nothing of their own: the readers' shards for
     every layout up to 16 ranks are read with MindSpore's datasets in
-    ``parallel/test_parallel_data.py``, and four ranks on two hosts train to one node's
+    ``parallel/data/test_parallel_data.py``, and four ranks on two hosts train to one node's
     parameters in ``multinode/test_launch_ssh.py``."""
     cards = 2
     job, out = f"parallel-dp-{cards}", weird_tmp / "results"

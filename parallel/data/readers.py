@@ -34,11 +34,7 @@ import numpy as np
 
 from parallel import contract, events
 from parallel.config import ShardPolicy
-from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
 from parallel.mode.topology import RankInfo
-
-__all__ = ["sharded_dataset", "ShardPlan", "SourceKind", "source_kind", "EpochShardSampler",
-           "write_mindrecord", "write_mindrecord_from_folder"]
 
 
 class RandomAccess(Protocol):

@@ -15,7 +15,7 @@ import mindspore.dataset as ds
 import mindspore.dataset.transforms as transforms
 import numpy as np
 import pytest
-from helpers import layouts
+from helpers import REPO, layouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -23,8 +23,15 @@ from PIL import Image
 from parallel import contract
 from parallel.config import ParallelConfig, ShardPolicy
 from parallel.contract import BadInput
-from parallel.data import ShardPlan, SourceKind, kept_global_batch, sharded_dataset, source_kind
-from parallel.mindrecord import write_mindrecord, write_mindrecord_from_folder
+from parallel.data import (
+    ShardPlan,
+    SourceKind,
+    kept_global_batch,
+    sharded_dataset,
+    source_kind,
+    write_mindrecord,
+    write_mindrecord_from_folder,
+)
 from parallel.mode.topology import RankInfo
 
 pytestmark = pytest.mark.mindspore
@@ -309,7 +316,7 @@ def test_prepare_data_writes_an_npz_and_refuses_to_overwrite(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
+    script = REPO / "scripts" / "prepare_data.py"
     np.savez(tmp_path / "arrays.npz", id=np.arange(12), x=np.ones((12, 3), np.float32))
     out = tmp_path / "out set.mindrecord"
     command = [sys.executable, str(script), "npz", str(tmp_path / "arrays.npz"), str(out), "--files", "3"]
