@@ -146,8 +146,8 @@ class Attempt:
         return {spec.rank for spec in plan.ranks} <= called
 
     def _stepped(self, event: Event, step: int) -> None:
-        every = event.record.get("log_every")
-        if isinstance(every, int) and every > 0:
+        every = event.whole("log_every")
+        if every is not None and every > 0:
             self.log_every = every
         self.step_times = [*self.step_times[-7:], (time.monotonic(), step)]
 
@@ -223,8 +223,8 @@ class Attempt:
         path = self._stack_paths.get(event.rank)
         if path is not None:
             for target, field in ((path, "text"), (native_path(path), "native")):
-                text = event.record.get(field)
-                if isinstance(text, str) and text:
+                text = event.text(field)
+                if text:
                     write_if_changed(target, text)
 
 

@@ -30,6 +30,12 @@ from typing import Any, Mapping, Optional
 from parallel.bad_input import MAX_SHOWN as MAX_SHOWN
 from parallel.bad_input import BadInput as BadInput
 from parallel.bad_input import shown as shown
+from parallel.record_fields import JsonObject as JsonObject
+from parallel.record_fields import TypedFields
+from parallel.record_fields import flag_of as _flag
+from parallel.record_fields import real_of as _real
+from parallel.record_fields import text_of as _text
+from parallel.record_fields import whole_of as _whole
 
 # MindSpore dynamic cluster (msrun's mode).
 MS_ROLE = "MS_ROLE"
@@ -242,37 +248,12 @@ EVENT_EXITED = "exited"
 under the same name on the wire from a node agent and in metrics.jsonl."""
 
 
-def _whole(value: object) -> Optional[int]:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        return int(value)
-    except (ValueError, OverflowError):
-        return None
-
-
-def _real(value: object) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _text(value: object) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def _flag(value: object) -> Optional[bool]:
-    return value if isinstance(value, bool) else None
-
-
 @dataclasses.dataclass(frozen=True)
-class Event:
+class Event(TypedFields):
     """One event record, parsed once where it enters the launcher (an events file, an agent's
     control line, metrics.jsonl). Fields a record lacks, or holds in the wrong type, are None;
-    ``record`` is the record as it came, which metrics.jsonl keeps whole."""
+    ``record`` is the record as it came, which metrics.jsonl keeps whole; its other fields are
+    read by type (``event.flag("kept")``, ``event.whole(...)``: ``record_fields.TypedFields``)."""
 
     kind: str
     rank: int

@@ -111,7 +111,7 @@ class CheckpointLedger:
             return None  # not a rank of this job
         with self._lock:
             ranks = self._steps.setdefault(step, {})
-            if event.record.get("last_words") is True:
+            if event.flag("last_words"):
                 self._standing[step] = event.rank
             for rank, file in files_standing(event, told.file, self._world).items():
                 ranks[rank] = dataclasses.replace(told, file=file)
@@ -323,7 +323,7 @@ def files_standing(event: Event, file: RankFile, world: int) -> dict[int, RankFi
     """The ranks a checkpoint event's ``file`` stands for: its own rank, or, for last words
     (``parallel.checkpoints.last_words``: a data-parallel replica's state saved as a peer failed), every
     rank of the world, each entry naming that one file."""
-    if event.record.get("last_words") is not True:
+    if not event.flag("last_words"):
         return {event.rank: file}
     return {rank: dataclasses.replace(file, rank=rank) for rank in range(world)}
 

@@ -115,7 +115,7 @@ class Uploader:
         rank's last words (the restart's other hosts need them), is queued (replacing that
         rank's older one that has not gone yet)."""
         if event.kind != contract.EVENT_CHECKPOINT or not (
-                event.rank in self._ranks or (self._last_words and event.record.get("last_words") is True)):
+                event.rank in self._ranks or (self._last_words and event.flag("last_words"))):
             return
         item = upload_of(event)
         if item is None:

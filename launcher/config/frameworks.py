@@ -53,10 +53,10 @@ class FrameworkNote:
     def see(self, event: Event) -> None:
         if event.kind != contract.EVENT_FRAMEWORK:
             return
-        if event.record.get(HOOK) is False and not self._hookless_said:
+        if event.flag(HOOK) is False and not self._hookless_said:
             self._hookless_said = True
             self._say(f"npu-launch: note: rank {event.rank} runs MindSpore without npu-launch's "
-                      f"rank hook (its Python, {shown(event.record.get('python') or '?')}, ignored "
+                      f"rank hook (its Python, {shown(event.text('python') or '?')}, ignored "
                       "PYTHONPATH or could not load it): MindSpore's scheduler was started "
                       "when it was found; its exceptions, hangs and steps are not reported")
         if self._said or event.name != "torch":

@@ -73,8 +73,7 @@ class StackSample:
 
     @classmethod
     def of(cls, event: Event) -> "StackSample":
-        frames = event.record.get("frames")
-        return cls(event.rank, tuple(str(f) for f in frames) if isinstance(frames, list) else ())
+        return cls(event.rank, tuple(str(f) for f in event.items("frames") or ()))
 
 
 class StallWatch:

@@ -239,8 +239,8 @@ def _on_finished(job: JobState, state: RankState, event: Event, seen_at: float) 
 
 
 def _on_layout(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    stage, stages = event.record.get("pp_stage"), event.record.get("pp")
-    if type(stage) is int and type(stages) is int:
+    stage, stages = event.whole("pp_stage"), event.whole("pp")
+    if stage is not None and stages is not None:
         state.reports_loss = stage == stages - 1
 
 
@@ -249,19 +249,18 @@ def _on_eval(job: JobState, state: RankState, event: Event, seen_at: float) -> N
 
 
 def _on_data(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    size = event.record.get("global_batch")
-    if type(size) is int and size > 0:
+    size = event.whole("global_batch")
+    if size is not None and size > 0:
         job.global_batch = size
 
 
 def _on_busy_alone(job: JobState, state: RankState, event: Event, seen_at: float) -> None:
-    seconds, doing = event.record.get("seconds"), event.record.get("doing")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not isinstance(doing, str):
+    seconds, doing = event.number("seconds"), event.text("doing")
+    if seconds is None or doing is None:
         return
     kept = job.busy_alone.get(state.rank)
     if kept is None or seconds > kept["seconds"]:
-        job.busy_alone[state.rank] = {"seconds": float(seconds), "doing": doing[:40],
+        job.busy_alone[state.rank] = {"seconds": seconds, "doing": doing[:40],
                                       "bytes_written": event.bytes_written or 0,
                                       "host": state.host}
 

@@ -245,16 +245,15 @@ def _started(r: RankRecord, event: Event, now: Optional[float]) -> None:
     if at is None:
         return
     r.started_time = at
-    spawned = event.record.get("process_start")
-    if isinstance(spawned, (int, float)) and not isinstance(spawned, bool) \
-            and 0 < at - spawned < _DAY:
-        r.spawned = float(spawned)
+    spawned = event.number("process_start")
+    if spawned is not None and 0 < at - spawned < _DAY:
+        r.spawned = spawned
 
 
 def _framework(r: RankRecord, event: Event, now: Optional[float]) -> None:
     if event.name:
         r.frameworks = r.frameworks | {event.name}
-        if event.record.get("kept") is True:
+        if event.flag("kept"):
             r.kept = r.kept | {event.name}
 
 
@@ -280,10 +279,10 @@ def _step(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.first_step_time = r.first_step_time or event.time
     if event.step is not None:
         r.step = event.step
-    saves = event.record.get("saves_on_stop")
-    if isinstance(saves, bool):  # said in a fit's first step event
+    saves = event.flag("saves_on_stop")
+    if saves is not None:  # said in a fit's first step event
         r.saves_on_stop = saves
-        r.answers_last_words = event.record.get("last_words") is not False
+        r.answers_last_words = event.flag("last_words") is not False
     r._stepped(event, now)
 
 
@@ -334,17 +333,17 @@ def _alive(r: RankRecord, event: Event, now: Optional[float]) -> None:
 
 
 def _exiting(r: RankRecord, event: Event, now: Optional[float]) -> None:
-    r.ended_cleanly = event.record.get("clean") is True
+    r.ended_cleanly = event.flag("clean") is True
     r.script_ended_at = r.script_ended_at or now
 
 
 def _exited(r: RankRecord, event: Event, now: Optional[float]) -> None:
     r.exited, r.exit_code = True, event.returncode
-    r.stopped = event.record.get("stopped") is True
+    r.stopped = event.flag("stopped") is True
     r.exited_time = event.time
     r.script_ended_at = r.script_ended_at or now
-    last = event.record.get("last_progress")  # metrics.jsonl keeps no progress events
-    if isinstance(last, float) and r.first_step_time is not None \
+    last = event.number("last_progress")  # metrics.jsonl keeps no progress events
+    if last is not None and r.first_step_time is not None \
             and last > (r.last_progress or 0.0):
         r.last_progress = last
 
