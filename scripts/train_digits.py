@@ -27,8 +27,7 @@ import parallel
 from parallel import contract
 from parallel.config import DeviceTarget
 from parallel.data import sharded_dataset
-from parallel.schedules import LrSchedule
-from parallel.trainer import Callback, FitResult, Trainer
+from parallel.trainer import Callback, FitResult, LrSchedule, Trainer
 
 HELD_OUT = 0.2
 

@@ -147,7 +147,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 LONG_FILES = ("tests/ranks/test_toolkits.py", "tests/hangs/test_busy_alone.py",
               "tests/hangs/test_hang_limits.py",
-              "tests/cli/test_cli_properties.py", "tests/parallel/test_trainer.py", "tests/run/test_supervision.py",
+              "tests/cli/test_cli_properties.py", "tests/parallel/trainer/test_trainer.py", "tests/run/test_supervision.py",
               "tests/cli/test_bad_input.py", "tests/plan/test_pods.py",
               "tests/parallel/mode/test_parallel_setup.py", "tests/cli/test_last_bad_inputs.py")
 """The files outside the two long groups that took 18-75 s each in CI (2026-12-03), longest

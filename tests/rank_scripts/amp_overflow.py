@@ -21,8 +21,7 @@ from mindspore import dataset as ds
 from mindspore import nn
 
 import parallel
-from parallel.amp import LossScaleConfig
-from parallel.trainer import Callback, Trainer
+from parallel.trainer import Callback, LossScaleConfig, Trainer
 
 BATCH, BATCHES = 8, 6
 

@@ -1,6 +1,6 @@
 """A peer that dies in the middle of a step's gradient exchange (issue 24 part 1's hole).
 
-Both ranks run the trainer's own step cell (``parallel.train_cells.TrainStep``) once on a net of
+Both ranks run the trainer's own step cell (``parallel.trainer.cells.TrainStep``) once on a net of
 six equal 8x8 weights, so six gradient all-reduces of one shape. Then rank 1 joins only ``K`` of
 step 2's all-reduces (with zeros: the shapes match whatever the order) and exits, as a rank
 killed mid-step does; rank 0 runs step 2 and blocks in the next all-reduce. A thread of rank 0
@@ -23,8 +23,8 @@ from mindspore import nn, ops
 
 import parallel
 from parallel.checkpoints.last_words import others_cpu
-from parallel.train_cells import TrainStep
-from parallel.trainer_api import TrainOptions
+from parallel.trainer import TrainOptions
+from parallel.trainer.cells import TrainStep
 
 WEIGHTS = 6
 shared, k = Path(sys.argv[1]), int(sys.argv[2])

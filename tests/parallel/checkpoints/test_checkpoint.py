@@ -280,7 +280,8 @@ def test_divergent_ranks_partitions_the_ranks(digests: list) -> None:
 
 def test_manifests_amp_and_schedules_import_without_mindspore() -> None:
     """The launcher may read manifests and validate AMP options where MindSpore is absent."""
-    probe = ("import sys, parallel.checkpoints.checkpoint, parallel.amp, parallel.schedules; "
+    probe = ("import sys, parallel.checkpoints.checkpoint, parallel.trainer.amp, "
+             "parallel.trainer.schedules; "
              "print('mindspore' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

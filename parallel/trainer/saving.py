@@ -1,5 +1,5 @@
 """The shared trainer's checkpoints: resume, load, save, prune, and the replica check that is also
-every save's barrier. A mixin of :class:`parallel.trainer.Trainer`, which holds the state it reads."""
+every save's barrier. A mixin of :class:`parallel.trainer.core.Trainer`, which holds the state it reads."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,12 +14,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, contract, events
+from parallel import contract, events
 from parallel.checkpoints import checkpoint
 from parallel.checkpoints.manifest import DataPosition, RankFile
-from parallel.train_cells import RowGather
-from parallel.trainer_api import Callback, TrainerError, TrainOptions
-from parallel.trainer_support import Run
+from parallel.trainer import amp
+from parallel.trainer.api import Callback, TrainerError, TrainOptions
+from parallel.trainer.cells import RowGather
+from parallel.trainer.support import Run
 
 log = logging.getLogger("parallel.trainer")
 

@@ -9,10 +9,10 @@ import enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
-from parallel import amp
+from parallel.trainer import amp
 
 if TYPE_CHECKING:
-    from parallel.trainer import Trainer
+    from parallel.trainer.core import Trainer
 
 
 class TrainerError(ValueError):

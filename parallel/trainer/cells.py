@@ -14,7 +14,7 @@ from mindspore import amp as ms_amp
 from mindspore import nn, ops
 
 if TYPE_CHECKING:
-    from parallel.trainer import TrainOptions
+    from parallel.trainer.api import TrainOptions
 
 
 class LossScaler:

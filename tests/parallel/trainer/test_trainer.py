@@ -13,11 +13,19 @@ from mindspore import dataset as ds
 from mindspore import nn
 
 from parallel import contract
-from parallel.amp import AmpError, LossScaleConfig, LossScaleMode
 from parallel.checkpoints import checkpoint
 from parallel.config import ExecMode
-from parallel.schedules import LrSchedule
-from parallel.trainer import Callback, Signal, StepInfo, Trainer, TrainerError
+from parallel.trainer import (
+    AmpError,
+    Callback,
+    LossScaleConfig,
+    LossScaleMode,
+    LrSchedule,
+    Signal,
+    StepInfo,
+    Trainer,
+    TrainerError,
+)
 
 pytestmark = pytest.mark.mindspore
 

@@ -1,7 +1,7 @@
 """Mixed precision and loss scaling for the trainer: one code path for CPU and Ascend.
 
 ``Model``'s loss-scale managers and ``TrainOneStepWithLossScaleCell`` do not run on CPU (they
-need ``NPUGetFloatStatusV2``). The trainer scales with ``parallel.train_cells.LossScaler``, the
+need ``NPUGetFloatStatusV2``). The trainer scales with ``parallel.trainer.cells.LossScaler``, the
 rule of MindSpore's functional ``DynamicLossScaler``/``StaticLossScaler`` as plain graph ops.
 """
 from __future__ import annotations
@@ -155,10 +155,10 @@ def _cast_cells(network: Any, kinds: tuple[type[Any], ...], dtype: Any) -> None:
 
 
 def make_scaler(config: LossScaleConfig) -> Optional[Any]:
-    """The loss scaler for ``config`` (``parallel.train_cells.LossScaler``); ``None`` for ``none``."""
+    """The loss scaler for ``config`` (``parallel.trainer.cells.LossScaler``); ``None`` for ``none``."""
     if config.mode is LossScaleMode.NONE:
         return None
-    from parallel.train_cells import LossScaler
+    from parallel.trainer.cells import LossScaler
 
     return LossScaler(float(config.init_scale), config.factor, config.window,
                       dynamic=config.mode is LossScaleMode.DYNAMIC)

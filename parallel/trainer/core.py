@@ -2,7 +2,7 @@
 
 One code path for CPU and Ascend: the step is a ``Cell`` whose ``construct`` runs
 ``value_and_grad``, the (data-parallel) gradient all-reduce, a finiteness check and the optimizer,
-with a loss scaler written as plain graph ops (``train_cells.LossScaler``: MindSpore's functional
+with a loss scaler written as plain graph ops (``cells.LossScaler``: MindSpore's functional
 scalers follow the same rule, more slowly). ``Model`` with a loss-scale manager and
 ``TrainOneStepWithLossScaleCell`` do not run on CPU; a bare ``@ms.jit`` function was 1.5-4x
 slower than a compiled ``Cell``.
@@ -27,10 +27,23 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from parallel import amp, contract, events
+from parallel import contract, events
 from parallel.checkpoints import checkpoint, last_words
 from parallel.hook import preemption
-from parallel.train_cells import (
+from parallel.trainer import amp
+from parallel.trainer.api import (
+    Callback,
+    EpochInfo,
+    EvalResult,
+    FitResult,
+    RankLike,
+    ResumeMode,
+    Signal,
+    StepInfo,
+    TrainerError,
+    TrainOptions,
+)
+from parallel.trainer.cells import (
     AccumulateStep,
     Accumulators,
     ApplyAccumulated,
@@ -40,21 +53,8 @@ from parallel.train_cells import (
     ScaledLoss,
     TrainStep,
 )
-from parallel.trainer_api import (  # noqa: F401  (re-exported: the trainer's public names)
-    Callback,
-    EpochInfo,
-    EvalResult,
-    FitResult,
-    RankLike,
-    ResumeMode,
-    Signal,
-    SimpleRank,
-    StepInfo,
-    TrainerError,
-    TrainOptions,
-)
-from parallel.trainer_checkpoints import CheckpointSteps, LastWordsSaver
-from parallel.trainer_support import (
+from parallel.trainer.saving import CheckpointSteps, LastWordsSaver
+from parallel.trainer.support import (
     DATA_PARALLEL_MODES,
     Meter,
     Run,
@@ -67,7 +67,7 @@ from parallel.trainer_support import (
     warn_about_context,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("parallel.trainer")
 
 
 _LINGER = 1.0

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parallel.schedules import LrSchedule, optimizer_steps
+from parallel.trainer.schedules import LrSchedule, optimizer_steps
 
 
 def test_warmup_cosine_rises_linearly_then_falls_to_min_lr() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from parallel import contract
 from parallel.config import ExecMode
-from parallel.trainer_api import EvalResult, RankLike, TrainerError
+from parallel.trainer.api import EvalResult, RankLike, TrainerError
 
 log = logging.getLogger("parallel.trainer")
 """The trainer's own logger: its warnings are the trainer's, wherever the code that says them lives."""
