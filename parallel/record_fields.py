@@ -19,6 +19,11 @@ class TypedFields:
 
     record: Mapping[str, Any]
 
+    def given(self, key: str) -> bool:
+        """The field is there and not null, of whatever type (a reader may refuse the record
+        for a field given in another type, and take one not given as its default)."""
+        return self.record.get(key) is not None
+
     def flag(self, key: str) -> Optional[bool]:
         """``true`` or ``false``; None for anything else."""
         value = self.record.get(key)
@@ -62,7 +67,10 @@ class JsonObject(TypedFields):
 
     @classmethod
     def of(cls, value: Any) -> "Optional[JsonObject]":
-        """``value`` when it is an object; None for any other JSON value."""
+        """``value`` when it is an object (or one already read as such); None for any other
+        JSON value."""
+        if isinstance(value, JsonObject):
+            return value
         return cls(value) if isinstance(value, dict) else None
 
 

@@ -242,24 +242,28 @@ class CheckpointLedger:
         for reported in ranks.values():
             if intact(reported.path, reported.file):
                 return {r: reported.path for r in range(self._world)}
-        for rank, copy in sorted(self._collected.get(step, {}).items()):
+        for rank, copy in sorted(self._copies(step).items()):
             if rank in ranks and intact(copy.path, ranks[rank].file):
                 return {r: copy.path for r in range(self._world)}
         return {}
+
+    def _copies(self, step: int) -> dict[int, Collected]:
+        """Node 0's collected copies of ``step``'s files, by rank (none yet: empty)."""
+        return self._collected.get(step, {})
 
     def _slices(self, step: int) -> dict[int, str]:
         """Node 0's collected copy of each rank's own file of ``step`` (the agent that fetches
         one checks it against the manifest, ``place_for_resume``). A file that is on node 0's
         disk at its own path is its rank's already, on node 0 or on storage it shares: a copy
         of it would be no other file."""
-        copies = self._collected.get(step, {})
+        copies = self._copies(step)
         return {rank: copies[rank].path for rank, told in self._steps[step].items()
                 if rank in copies and copies[rank].stands_for(told.file)}
 
     def _fully_collected(self, step: int) -> bool:
         """Node 0 has every collected rank's file of the complete ``step``: a checked copy, or
         the file itself at its own path (a host that shares node 0's storage sends none)."""
-        copies = self._collected.get(step, {})
+        copies = self._copies(step)
         ranks, seen = self._steps[step], self._on_node0.get(step, frozenset())
         return all(r in seen or (r in copies and copies[r].stands_for(ranks[r].file))
                    for r in self._collect)
@@ -269,7 +273,7 @@ class CheckpointLedger:
         words copy only while its step is the newest complete one."""
         newest = max(self._complete, default=-1)
         for step, rank in self._standing.items():
-            copies = self._collected.get(step, {})
+            copies = self._copies(step)
             if step < newest and rank not in self._collect and rank in copies:
                 _remove(copies.pop(rank).path)
         done = [s for s in self._complete if s > self._pruned_below and self._collect

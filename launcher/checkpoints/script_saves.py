@@ -29,8 +29,9 @@ import re
 import threading
 from typing import Any, Mapping, Optional
 
+from launcher.limits import whole_number
 from parallel.checkpoints.manifest import atomic_write_bytes
-from parallel.contract import Event
+from parallel.contract import Event, JsonObject
 
 SAVED_FILE = os.path.join("checkpoint_ledger", "saved.json")
 KEPT = 8
@@ -53,23 +54,26 @@ class Saved:
 
     @classmethod
     def of(cls, event: Event) -> "Optional[Saved]":
-        size = event.record.get("size")
-        if event.path is None or not os.path.isabs(event.path) or type(size) is not int:
+        size = event.whole("size")
+        if event.path is None or not os.path.isabs(event.path) or size is None:
             return None
         return cls(event.path, size, event.host, event.step, event.epoch,
-                   _whole(event.record.get("epoch_step")), _whole(event.record.get("epoch_steps")))
+                   _count(event.whole("epoch_step")), _count(event.whole("epoch_steps")))
 
     @classmethod
     def read(cls, data: Any) -> "Optional[Saved]":
-        if not isinstance(data, dict) or not isinstance(data.get("path"), str) \
-                or not os.path.isabs(data["path"]) or type(data.get("size")) is not int:
+        """One entry of ``saved.json``; None when it does not read as a save."""
+        saved = JsonObject.of(data)
+        path, size = (saved.text("path"), saved.whole("size")) if saved else (None, None)
+        if saved is None or path is None or not os.path.isabs(path) or size is None:
             return None
-        return cls(data["path"], data["size"], str(data.get("host", "?")),
-                   *(_whole(data.get(k)) for k in ("step", "epoch", "epoch_step", "epoch_steps")))
+        host = saved.text("host")
+        return cls(path, size, "?" if host is None else host,
+                   *(_count(saved.whole(k)) for k in ("step", "epoch", "epoch_step", "epoch_steps")))
 
 
-def _whole(value: Any) -> Optional[int]:
-    return value if type(value) is int and value >= 0 else None
+def _count(value: Optional[int]) -> Optional[int]:
+    return value if value is not None and value >= 0 else None
 
 
 class ScriptSaves:
@@ -148,11 +152,12 @@ def _load(path: str) -> dict[int, list[Saved]]:
             data = json.loads(f.read(_LIMIT))
     except (OSError, ValueError, RecursionError):
         return {}
-    ranks = data.get("ranks") if isinstance(data, dict) else None
-    if not isinstance(ranks, dict):
+    doc = JsonObject.of(data)
+    ranks = doc.object("ranks") if doc is not None else None
+    if ranks is None:
         return {}
     found: dict[int, list[Saved]] = {}
-    for rank, saves in ranks.items():
-        if isinstance(rank, str) and rank.isdigit() and isinstance(saves, list):
-            found[int(rank)] = [s for s in map(Saved.read, saves[-KEPT:]) if s is not None]
+    for name, saves in ranks.record.items():
+        if (rank := whole_number(name)) is not None and isinstance(saves, list):
+            found[rank] = [s for s in map(Saved.read, saves[-KEPT:]) if s is not None]
     return found

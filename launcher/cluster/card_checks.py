@@ -25,6 +25,7 @@ from launcher.cluster.preflight import HostCheck
 from launcher.config.devices import DeviceKind, find_cards
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan
+from parallel.contract import JsonObject
 
 RECHECK_SLACK_S = 30.0
 """Beyond ``--card-free-timeout``: the ssh connection and the checks themselves."""
@@ -166,4 +167,5 @@ def _remote_report(plan: LaunchPlan, backend: HostfileBackend, host: str,
         facts = json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError):
         return None
-    return CardReport.from_json(facts.get("card_health")) if isinstance(facts, dict) else None
+    answer = JsonObject.of(facts)
+    return CardReport.from_json(answer.object("card_health")) if answer is not None else None

@@ -33,9 +33,11 @@ import os
 import re
 import subprocess
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
+from launcher.limits import whole_number
 from parallel import contract
+from parallel.contract import JsonObject
 from rank_tables.host_devices import HostDevices, find_tool, parse_chip_map, parse_info
 
 TOOL_TIMEOUT_S = 3.0
@@ -60,6 +62,18 @@ class CardProblem:
     def describe(self, host: str) -> str:
         """``node3 card 5: link DOWN (hccn_tool -i 5 -link -g)``."""
         return f"{host} card {self.card}: {self.problem} ({self.source})"
+
+    @classmethod
+    def from_json(cls, value: Any) -> Optional["CardProblem"]:
+        """One of a probe's ``problems``; None when it is not one."""
+        problem = JsonObject.of(value)
+        if problem is None:
+            return None
+        card, said, source = problem.whole("card"), problem.text("problem"), problem.text("source")
+        held = problem.flag("held") if problem.given("held") else False
+        if card is None or said is None or source is None or held is None:
+            return None
+        return cls(card, said, source, held)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,20 +101,55 @@ class CardReport:
 
     @classmethod
     def from_json(cls, value: Any) -> Optional["CardReport"]:
-        """A probe's answer; None when it is not one (an older probe, or nonsense)."""
-        if not isinstance(value, dict):
+        """A probe's answer; None when it is not one (an older probe, or nonsense: a field, or
+        an item of one, of another type). A field not given is its default."""
+        report = JsonObject.of(value)
+        if report is None:
             return None
-        try:
-            problems = tuple(CardProblem(int(p["card"]), str(p["problem"]), str(p["source"]),
-                                         bool(p.get("held", False)))
-                             for p in value.get("problems", ()))
-            return cls(tuple(int(c) for c in value.get("cards", ())), problems,
-                       tuple(str(s) for s in value.get("skipped", ())),
-                       {int(k): str(v) for k, v in dict(value.get("ips", {})).items()},
-                       float(value.get("seconds", 0.0)),
-                       {str(k): str(v) for k, v in dict(value.get("tools", {})).items()})
-        except (KeyError, TypeError, ValueError):
+        problems = _listed(report, "problems", CardProblem.from_json)
+        cards = _listed(report, "cards", _whole)
+        skipped = _listed(report, "skipped", _text)
+        ips = _paired(report, "ips", whole_number)
+        tools = _paired(report, "tools", _text)
+        seconds = report.number("seconds") if report.given("seconds") else 0.0
+        if problems is None or cards is None or skipped is None or ips is None or tools is None \
+                or seconds is None:
             return None
+        return cls(cards, problems, skipped, ips, seconds, tools)
+
+
+T = TypeVar("T")
+K = TypeVar("K")
+
+
+def _listed(report: JsonObject, key: str, read: Callable[[Any], Optional[T]]) -> Optional[tuple[T, ...]]:
+    """The items of list ``key``, each read by ``read``; () when not given, None when it or an
+    item is not what it should be."""
+    if not report.given(key):
+        return ()
+    items = report.items(key)
+    found = [read(item) for item in items] if items is not None else [None]
+    return tuple(item for item in found if item is not None) if None not in found else None
+
+
+def _paired(report: JsonObject, key: str, read_key: Callable[[str], Optional[K]]
+            ) -> Optional[dict[K, str]]:
+    """The object ``key`` of strings, its keys read by ``read_key``; {} when not given, None
+    when it, a key or a value is not what it should be."""
+    if not report.given(key):
+        return {}
+    pairs = report.object(key)
+    found = {read_key(name): _text(value) for name, value in pairs.record.items()} if pairs else {None: None}
+    kept = {k: v for k, v in found.items() if k is not None and v is not None}
+    return kept if len(kept) == len(found) == len(pairs.record if pairs else ()) else None
+
+
+def _whole(value: Any) -> Optional[int]:
+    return value if type(value) is int else None
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if type(value) is str else None
 
 
 def check_cards(cards: Sequence[int], environ: Mapping[str, str],

@@ -56,7 +56,7 @@ def preflight_hosts(config: LaunchConfig, hosts: list[HostSelection], options: T
     if DeviceKind(config.device) is DeviceKind.AUTO:
         # A host that lacked the launch directory (copied once the job is good) said nothing
         # of its cards: the others speak for it.
-        known = [c.facts.get("cards", 0) for c in checks if c.facts is not None]
+        known = [c.facts.cards for c in checks if c.facts is not None]
         with_cards = bool(known) and all(cards > 0 for cards in known)
         return (DeviceKind.NPU if with_cards else DeviceKind.CPU), sync, hosts
     return device, sync, hosts

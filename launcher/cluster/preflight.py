@@ -30,7 +30,7 @@ from launcher.cluster.backends import TransportOptions
 from launcher.cluster.backends.ssh import split_ssh_options, ssh_argv
 from launcher.cluster.card_health import CardProblem, CardReport
 from launcher.cluster.fanout import workers
-from launcher.cluster.probe import FileFact
+from launcher.cluster.probe import FileFact, HostFacts
 from launcher.config.devices import DeviceKind
 from launcher.config.hostfile import HostSelection, path_shown
 from launcher.limits import MAX_COMPARED_FILES, shown
@@ -46,7 +46,7 @@ class HostCheck:
     """One host's probe answer (``facts``) and what is wrong with it (``problems``)."""
 
     host: str
-    facts: Optional[dict]
+    facts: Optional[HostFacts]
     problems: tuple[str, ...]
     stale: Optional[str] = None
     """Why this host's launch directory is not node 0's (no such directory, or files the job
@@ -77,7 +77,7 @@ class HostCheck:
 
 @dataclasses.dataclass(frozen=True)
 class _Answer:
-    facts: Optional[dict]
+    facts: Optional[HostFacts]
     error: str = ""
     no_workdir: bool = False
 
@@ -135,9 +135,9 @@ def run_preflight(hosts: Sequence[HostSelection], options: TransportOptions, wor
 
     with concurrent.futures.ThreadPoolExecutor(workers(options.fanout, len(hosts))) as pool:
         answers = list(pool.map(ask, enumerate(hosts)))
-    local = probe.report(None)
+    local = HostFacts.from_json(probe.report(None)) or HostFacts()
     ours = probe.file_facts(files, workdir)
-    names = [str(a.facts.get("hostname")) for a in answers if a.facts]
+    names = [str(a.facts.hostname) for a in answers if a.facts]
     return [_check(h, answer, local, ours, names, device, i == 0 and master_port is not None)
             for i, (h, answer) in enumerate(zip(hosts, answers))]
 
@@ -181,48 +181,42 @@ def _judge(returncode: Optional[int], stdout: str, stderr: str, workdir: str) ->
 
 def _facts(stdout: str) -> _Answer:
     try:
-        facts = json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        facts = HostFacts.from_json(json.loads(stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError, RecursionError):
         facts = None
-    if not isinstance(facts, dict) or not isinstance(facts.get("cards", 0), int):
+    if facts is None:
         return _Answer(None, f"probe answered nonsense: {shown(_last_line(stdout))}")
     return _Answer(facts)
 
 
-def _check(host: HostSelection, answer: _Answer, local: dict, ours: Mapping[str, FileFact],
+def _check(host: HostSelection, answer: _Answer, local: HostFacts, ours: Mapping[str, FileFact],
            names: list[str], device: DeviceKind, check_port: bool) -> HostCheck:
     if answer.facts is None:
         return HostCheck(host.host, None, (answer.error,),
                          answer.error if answer.no_workdir else None)
     problems = _problems(host, answer.facts, local, names, device, check_port)
-    stale = files_problem(ours, _their_files(answer.facts))
-    health = CardReport.from_json(answer.facts.get("card_health"))
+    stale = files_problem(ours, answer.facts.files)
+    health = answer.facts.card_health
     cards = tuple(f"card {p.card}: {p.problem} ({p.source})" for p in
                   (health.problems if health else ()))
     return HostCheck(host.host, answer.facts,
                      tuple(problems) + ((stale,) if stale else ()) + cards, stale, health)
 
 
-def _problems(host: HostSelection, facts: dict, local: dict, names: list[str],
+def _problems(host: HostSelection, facts: HostFacts, local: HostFacts, names: list[str],
               device: DeviceKind, check_port: bool) -> list[str]:
     problems = []
-    for key, what in (("npu_launch", "npu-launch"), ("mindspore", "MindSpore")):
-        if facts.get(key) != local.get(key):
-            problems.append(f"{what} {facts.get(key)} here, {local.get(key)} on node 0")
-    if device is DeviceKind.NPU and facts.get("cards", 0) < len(host.cards):
-        problems.append(f"{facts.get('cards')} card(s) for {len(host.cards)} slot(s)")
-    if names.count(str(facts.get("hostname"))) > 1:
-        problems.append(f"hostname {facts.get('hostname')} is not unique")
-    if check_port and facts.get("port_free") is False:
+    for what, theirs, ours in (("npu-launch", facts.npu_launch, local.npu_launch),
+                               ("MindSpore", facts.mindspore, local.mindspore)):
+        if theirs != ours:
+            problems.append(f"{what} {theirs} here, {ours} on node 0")
+    if device is DeviceKind.NPU and facts.cards < len(host.cards):
+        problems.append(f"{facts.cards} card(s) for {len(host.cards)} slot(s)")
+    if names.count(str(facts.hostname)) > 1:
+        problems.append(f"hostname {facts.hostname} is not unique")
+    if check_port and facts.port_free is False:
         problems.append("master port in use")
     return problems
-
-
-def _their_files(facts: dict) -> dict[str, FileFact]:
-    files = facts.get("files")
-    if not isinstance(files, dict):
-        return {}
-    return {str(path): FileFact.from_json(value) for path, value in files.items()}
 
 
 def files_problem(ours: Mapping[str, FileFact], theirs: Mapping[str, FileFact]) -> Optional[str]:
@@ -272,9 +266,9 @@ def render(checks: Sequence[HostCheck]) -> str:
     rows = [("host", "hostname", "npu-launch", "mindspore", "cards") +
             (("card checks",) if cards else ()) + ("status",)]
     for check in checks:
-        f = check.facts or {}
-        rows.append((check.host, str(f.get("hostname", "-")), str(f.get("npu_launch", "-")),
-                     str(f.get("mindspore", "-")), str(f.get("cards", "-"))) +
+        f = check.facts
+        said = ("-",) * 4 if f is None else (str(f.hostname), str(f.npu_launch), str(f.mindspore), str(f.cards))
+        rows.append((check.host, *said) +
                     ((card_column(check.card_health),) if cards else ()) +
                     ("ok" if check.ok else "FAIL: " + "; ".join(check.problems),))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

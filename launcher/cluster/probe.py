@@ -21,10 +21,11 @@ from importlib import metadata
 from typing import Any, Mapping, Optional, Sequence
 
 from launcher import __version__
-from launcher.cluster.card_health import check_cards
+from launcher.cluster.card_health import CardReport, check_cards
 from launcher.config.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
 from parallel.checkpoints.manifest import sha256_file
+from parallel.contract import JsonObject
 
 _PROBLEMS = ("missing", "not a regular file", "unreadable")
 
@@ -44,15 +45,50 @@ class FileFact:
     @classmethod
     def from_json(cls, value: Any) -> "FileFact":
         """A probe's answer for one file; anything malformed is a problem, never an error."""
-        if not isinstance(value, dict):
+        fact = JsonObject.of(value)
+        if fact is None:
             return cls(problem="not reported")
-        size, digest, problem = value.get("size"), value.get("sha256"), value.get("problem")
-        if problem is not None:
+        if fact.given("problem"):
+            problem = fact.text("problem")
             return cls(problem=problem if problem in _PROBLEMS else "not reported")
-        if not isinstance(size, int) or isinstance(size, bool) or \
-                not (digest is None or isinstance(digest, str)):
+        size, digest = fact.whole("size"), fact.text("sha256")
+        if size is None or (digest is None and fact.given("sha256")):
             return cls(problem="not reported")
         return cls(size, digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFacts:
+    """What a host's probe said (``report``), typed where node 0 reads it (``from_json``)."""
+
+    hostname: Optional[str] = None
+    npu_launch: Optional[str] = None
+    mindspore: Optional[str] = None
+    """The versions installed there; None where there is none."""
+    cards: int = 0
+    port_free: Optional[bool] = None
+    """Whether the master port was free there; None when it was not asked about."""
+    files: Mapping[str, FileFact] = dataclasses.field(default_factory=dict)
+    """The files the job names, as that host sees them (``FileFact``)."""
+    card_health: Optional[CardReport] = None
+    """What it said of its cards; None when they were not checked (or it said nonsense)."""
+
+    @classmethod
+    def from_json(cls, value: Any) -> "Optional[HostFacts]":
+        """A probe's answer; None when it is not one: not an object, or what node 0 compares
+        (the hostname, the versions, the cards) of another type."""
+        facts = JsonObject.of(value)
+        if facts is None:
+            return None
+        texts = {key: facts.text(key) for key in ("hostname", "npu_launch", "mindspore")}
+        cards = facts.whole("cards") if facts.given("cards") else 0
+        if cards is None or any(text is None and facts.given(key) for key, text in texts.items()):
+            return None
+        files = facts.object("files")
+        return cls(**texts, cards=cards, port_free=facts.flag("port_free"),
+                   files={str(path): FileFact.from_json(fact) for path, fact in files.record.items()}
+                   if files is not None else {},
+                   card_health=CardReport.from_json(facts.object("card_health")))
 
 
 def file_fact(path: str) -> FileFact:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.checkpoints.script_saves import KEPT, SAVED_FILE, ScriptSaves
+from launcher.checkpoints.script_saves import KEPT, SAVED_FILE, Saved, ScriptSaves
 from parallel.contract import Event
 
 
@@ -62,6 +62,10 @@ def test_what_does_not_read_as_a_save_is_dropped(tmp_path: Path) -> None:
     assert [s.path for s in ScriptSaves(str(tmp_path)).newest(1).values()] == ["/ok.ckpt"]
     (tmp_path / SAVED_FILE).write_text("[not json")
     assert ScriptSaves(str(tmp_path)).newest(1) == {}
+    (tmp_path / SAVED_FILE).write_text('{"ranks": {"%s": [], "0": [{"path": "/ok.ckpt", "size": 1, '
+                                       '"host": null, "step": -1, "epoch": "2"}]}}' % ("9" * 5000))
+    assert list(ScriptSaves(str(tmp_path)).newest(1).values()) == [Saved("/ok.ckpt", 1)], \
+        "a rank of 5000 digits is none; a null host, a negative step, an epoch in text are left out"
 
 
 def test_of_two_files_at_one_place_the_one_named_for_it_is_resumed_from(tmp_path: Path) -> None:

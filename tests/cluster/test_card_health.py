@@ -25,6 +25,7 @@ from helpers import (
 from launcher.cluster.card_checks import judge_at_start, skipped_note
 from launcher.cluster.card_health import CardProblem, CardReport, check_cards, holders_of, parse_npu_smi_info
 from launcher.cluster.preflight import HostCheck
+from launcher.cluster.probe import HostFacts
 from launcher.errors import LaunchError
 
 TOOLS = TESTS / "fixtures" / "ascend_tools"
@@ -149,7 +150,7 @@ def test_a_host_without_the_tools_skips_and_says_which(host: dict) -> None:
 
 def _check(host: str, *problems: CardProblem, other: str = "") -> HostCheck:
     said = tuple(f"card {p.card}: {p.problem} ({p.source})" for p in problems)
-    return HostCheck(host, {}, ((other,) if other else ()) + said, None,
+    return HostCheck(host, HostFacts(), ((other,) if other else ()) + said, None,
                      CardReport((0, 1), problems))
 
 

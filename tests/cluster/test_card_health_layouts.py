@@ -17,6 +17,7 @@ from helpers import ASCEND_FIXTURES, TESTS, fake_devfs, run_launcher
 from launcher.cluster.card_checks import skipped_note, tools_note
 from launcher.cluster.card_health import check_cards
 from launcher.cluster.preflight import HostCheck, render
+from launcher.cluster.probe import HostFacts
 from launcher.plan.binding import HostCores, card_affinity
 from rank_tables import host_devices
 from rank_tables.host_devices import Die, HostDevices, parse_chip_map, parse_info
@@ -183,7 +184,7 @@ def test_tools_are_found_after_path_in_sbin_then_the_driver_folder(weird_tmp: Pa
                                           "hccn_tool": str(driver / "hccn_tool")}
     assert tools_note({"h": report}) == (f"npu-launch: card checks ran h ({driver / 'hccn_tool'}, "
                                          f"{sbin / 'npu-smi'})")
-    check = HostCheck("node1", {"hostname": "n1", "cards": 16}, (), None, report)
+    check = HostCheck("node1", HostFacts(hostname="n1", cards=16), (), None, report)
     assert render([check]).splitlines()[-1] == (f"card tools: node1: {driver / 'hccn_tool'}, "
                                                 f"{sbin / 'npu-smi'}")
 

@@ -5,6 +5,7 @@ The copy itself over real ssh, on hosts that share no files, is tests/multinode/
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -17,8 +18,9 @@ from helpers import assert_one_line_error, run_launcher
 
 from launcher.cluster import probe, workdir_sync
 from launcher.cluster.backends import TransportOptions
+from launcher.cluster.card_health import CardProblem, CardReport
 from launcher.cluster.preflight import MAX_COMPARED_FILES, HostCheck, files_problem, launch_files, render
-from launcher.cluster.probe import FileFact
+from launcher.cluster.probe import FileFact, HostFacts
 from launcher.cluster.workdir_sync import LaunchDir, sync_stale_hosts, unpack_argv
 from launcher.config.hostfile import HostSelection
 from launcher.errors import LaunchError
@@ -63,6 +65,23 @@ def test_a_file_over_the_hash_bound_is_reported_by_its_size(tmp_path: Path) -> N
 def test_a_probe_answer_is_parsed_once_and_never_trusted(answer, fact) -> None:
     assert FileFact.from_json(answer) == fact
     assert FileFact.from_json(fact.to_json()) == fact
+
+
+def test_a_probe_answer_is_typed_once_and_nonsense_is_none() -> None:
+    health = CardReport((0, 1), (CardProblem(1, "link DOWN", "hccn_tool -i 1 -link -g", True),),
+                        ("device IP: no hccn_tool",), {0: "10.0.0.1"}, 0.25, {"npu-smi": "/bin/npu-smi"})
+    answer = {**probe.report(None, {"a.py": FileFact(3, "ab")}), "card_health": health.to_json()}
+    facts = HostFacts.from_json(answer)
+    assert facts is not None and facts.hostname == answer["hostname"] and facts.cards == answer["cards"]
+    assert facts.files == {"a.py": FileFact(3, "ab")} and facts.card_health == health
+    assert CardReport.from_json({}) == CardReport() and HostFacts.from_json({}) == HostFacts()
+    for nonsense in ([1], {"cards": "8"}, {"cards": None, "hostname": 5}, {"mindspore": 2.3}):
+        assert HostFacts.from_json(nonsense) is None, nonsense
+    odd = HostFacts.from_json({"port_free": "yes", "files": [1], "card_health": {"cards": ["0"]}})
+    assert odd == HostFacts(), "what is only shown or checked later is left out"
+    for nonsense in ({"problems": "ab"}, {"problems": [{"card": 1}]}, {"ips": {"x": "1"}},
+                     {"ips": [["0", "ip"]]}, {"seconds": "1"}, {"tools": {"a": 1}}, {"cards": [True]}):
+        assert CardReport.from_json(nonsense) is None, nonsense
 
 
 # ------------------------------------------------------------------ which files are compared
@@ -140,9 +159,9 @@ def test_an_odd_file_name_or_digest_keeps_the_table_one_line_per_host() -> None:
 
 
 def test_the_table_names_the_host_and_the_files_that_differ() -> None:
-    facts = {"hostname": "n2", "npu_launch": "0.1", "mindspore": "2.3", "cards": 0}
+    facts = HostFacts(hostname="n2", npu_launch="0.1", mindspore="2.3", cards=0)
     stale = "train.py differs from node 0's (sha256 a1b2c3d4e5f6 vs d4e5f6a1b2c3)"
-    table = render([HostCheck("n1", {**facts, "hostname": "n1"}, ()),
+    table = render([HostCheck("n1", dataclasses.replace(facts, hostname="n1"), ()),
                     HostCheck("n2", facts, (stale,), stale)])
     assert table.splitlines() == [
         "host  hostname  npu-launch  mindspore  cards  status",
@@ -236,7 +255,7 @@ def test_the_remote_unpack_takes_the_path_as_data(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ when --sync-workdir copies
 HOSTS = [HostSelection("n1", None, (0,)), HostSelection("n2", None, (0,))]
-FACTS = {"hostname": "x", "cards": 0}
+FACTS = HostFacts(hostname="x", cards=0)
 STALE = "train.py is missing"
 
 
