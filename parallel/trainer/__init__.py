@@ -25,6 +25,7 @@ from parallel.trainer.api import (
     SimpleRank,
     StepInfo,
     TrainerError,
+    TrainerLike,
     TrainOptions,
 )
 from parallel.trainer.schedules import LrSchedule
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
     from parallel.trainer.core import Trainer
 
 __all__ = ["Trainer", "TrainOptions", "Callback", "Signal", "StepInfo", "EpochInfo", "EvalResult",
-           "FitResult", "RankLike", "ResumeMode", "SimpleRank", "TrainerError", "LrSchedule",
-           "AmpLevel", "AmpDtype", "AmpError", "LossScaleConfig", "LossScaleMode"]
+           "FitResult", "RankLike", "ResumeMode", "SimpleRank", "TrainerError", "TrainerLike",
+           "LrSchedule", "AmpLevel", "AmpDtype", "AmpError", "LossScaleConfig", "LossScaleMode"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Mixed precision and loss scaling for the trainer: one code path for CPU and Ascend.
 
 ``Model``'s loss-scale managers and ``TrainOneStepWithLossScaleCell`` do not run on CPU (they
-need ``NPUGetFloatStatusV2``). The trainer scales with ``parallel.trainer.cells.LossScaler``, the
+need ``NPUGetFloatStatusV2``). The trainer scales with ``parallel.trainer.cells.LossScaler`` (``make_scaler``), the
 rule of MindSpore's functional ``DynamicLossScaler``/``StaticLossScaler`` as plain graph ops.
 """
 from __future__ import annotations
@@ -152,16 +152,6 @@ def _cast_cells(network: Any, kinds: tuple[type[Any], ...], dtype: Any) -> None:
             _cast_cells(cell, kinds, dtype)
     if changed and isinstance(network, nn.SequentialCell):
         network.cell_list = list(network.cells())
-
-
-def make_scaler(config: LossScaleConfig) -> Optional[Any]:
-    """The loss scaler for ``config`` (``parallel.trainer.cells.LossScaler``); ``None`` for ``none``."""
-    if config.mode is LossScaleMode.NONE:
-        return None
-    from parallel.trainer.cells import LossScaler
-
-    return LossScaler(float(config.init_scale), config.factor, config.window,
-                      dynamic=config.mode is LossScaleMode.DYNAMIC)
 
 
 def scaler_state(scaler: Optional[Any]) -> tuple[float, int]:

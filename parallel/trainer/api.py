@@ -7,12 +7,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import Any, Optional, Protocol, Union
 
 from parallel.trainer import amp
-
-if TYPE_CHECKING:
-    from parallel.trainer.core import Trainer
 
 
 class TrainerError(ValueError):
@@ -168,11 +165,22 @@ class FitResult:
         return self.eval.accuracy if self.eval else None
 
 
+class TrainerLike(Protocol):
+    """The trainer a callback's :meth:`Callback.on_fit_start` is given: the
+    :class:`parallel.trainer.core.Trainer` about to fit, seen through what a callback may read or
+    change (this module sits below the trainer, so it names it by what it has)."""
+
+    options: TrainOptions
+    network: Any
+    rank: int
+    world_size: int
+
+
 class Callback:
     """Hooks into :meth:`Trainer.fit`; override what you need. Returning ``Signal.STOP`` from a
     step or epoch hook ends training after that step (a checkpoint is saved if configured)."""
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: TrainerLike) -> None:
         """Before the first step."""
 
     def on_step_end(self, info: StepInfo) -> Optional[Signal]:

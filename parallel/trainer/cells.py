@@ -7,14 +7,14 @@ and drives them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional
 
 import mindspore as ms
 from mindspore import amp as ms_amp
 from mindspore import nn, ops
 
-if TYPE_CHECKING:
-    from parallel.trainer.api import TrainOptions
+from parallel.trainer import amp
+from parallel.trainer.api import TrainOptions
 
 
 class LossScaler:
@@ -56,6 +56,14 @@ class LossScaler:
             ops.assign(self.scale_value, ops.select(finite, kept, shrunk))
             ops.assign(self.counter, ((self.counter + 1) % self.window) * finite.astype(ms.int32))
         return finite
+
+
+def make_scaler(config: amp.LossScaleConfig) -> Optional[LossScaler]:
+    """The loss scaler for ``config``; ``None`` for ``none``."""
+    if config.mode is amp.LossScaleMode.NONE:
+        return None
+    return LossScaler(float(config.init_scale), config.factor, config.window,
+                      dynamic=config.mode is amp.LossScaleMode.DYNAMIC)
 
 
 def all_finite(grads: Any) -> Any:

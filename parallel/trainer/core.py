@@ -52,6 +52,7 @@ from parallel.trainer.cells import (
     RowGather,
     ScaledLoss,
     TrainStep,
+    make_scaler,
 )
 from parallel.trainer.saving import CheckpointSteps, LastWordsSaver
 from parallel.trainer.support import (
@@ -96,7 +97,7 @@ class Trainer(CheckpointSteps):
         self.data_parallel = self.world_size > 1 and parallel_mode() in DATA_PARALLEL_MODES
         warn_about_context(self.world_size, info)
         self.amp_network = self._apply_amp()
-        self.scaler = amp.make_scaler(self.options.loss_scale)
+        self.scaler = make_scaler(self.options.loss_scale)
         self._build_cells()
         self.position = checkpoint.DataPosition()
         self.resumed_from: Optional[int] = None
