@@ -26,8 +26,7 @@ class TypedFields:
 
     def flag(self, key: str) -> Optional[bool]:
         """``true`` or ``false``; None for anything else."""
-        value = self.record.get(key)
-        return value if isinstance(value, bool) else None
+        return flag_of(self.record.get(key))
 
     def whole(self, key: str) -> Optional[int]:
         """An int, not a bool."""
@@ -46,8 +45,7 @@ class TypedFields:
 
     def text(self, key: str) -> Optional[str]:
         """A string."""
-        value = self.record.get(key)
-        return value if isinstance(value, str) else None
+        return text_of(self.record.get(key))
 
     def items(self, key: str) -> Optional[list[Any]]:
         """A list, its items as they came."""

@@ -224,9 +224,9 @@ def _leave_out(going: RestartDecision, host: str, why: Optional[str], shape: Job
         goes_on = shape.without(host)
         problem = goes_on.problem
     if goes_on is None or problem is not None:
-        said = why or f"caused the last {BLAMED_IN_A_ROW} failures"
+        said = why or f"{host} caused the last {BLAMED_IN_A_ROW} failures"  # a card's why names its host
         return dataclasses.replace(going, kind=Decision.STAY, host=host,
-                                   lines=(f"npu-launch: {host} {said} but stays in the job: {problem}",))
+                                   lines=(f"npu-launch: {said} but stays in the job: {problem}",))
     because = why or f"its ranks caused the last {BLAMED_IN_A_ROW} failures"
     line = (f"npu-launch: leaving {host} out: {because}; {goes_on.hosts} host(s) and {goes_on.ranks} "
             f"rank(s) go on (--min-nodes {policy.min_nodes}), the global batch kept")

@@ -124,7 +124,7 @@ CASES = [
      CardVerdict("b", LINK_DOWN), Decision.BAD_CARDS, "b", 1, f"npu-launch: job j not restarted: {LINK_DOWN}"),
     ("a bad card, the batch does not split", _end(attempt=0), MIN_NODES, _history(), THREE_HOSTS,
      CardVerdict("b", LINK_DOWN), Decision.BAD_CARDS, "b", 1,
-     f"npu-launch: b {LINK_DOWN} but stays in the job: the global batch of 18"),
+     f"npu-launch: {LINK_DOWN} but stays in the job: the global batch of 18"),
 ]
 
 
