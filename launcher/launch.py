@@ -62,7 +62,7 @@ from launcher.run.restart_decision import (
 from launcher.run.restarts import AttemptRecord, Policy
 from launcher.run.spares import Spares
 from launcher.run.supervisor import print_message, run_local
-from launcher.run.watch import wait_unless_signalled
+from launcher.run.watch import HeldStopSignals, wait_unless_signalled
 from parallel import contract
 from parallel.contract import BadInput
 
@@ -164,30 +164,32 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
         if spares is not None:
             spares.wanted = job.plan.restart < policy.max_restarts
         result = attempt.blame(run_job(job, config, environ, console, attempt, err, spares))
-        result = diagnosed(result, job.plan, started)
-        plan = job.plan
-        attempts.monitor.attempt_ended(AttemptRecord.of(
-            plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
-            plan.world_size, waited, left_out))
-        end = _end_of(attempt, plan, policy, result)
-        smaller = functools.cache(job.without) if job.without is not None else None
-        shape = _shape(job, attempts.monitor, smaller)
-        decision = decide(end, policy, history, shape)  # launcher.run.restart_decision
-        if decision.kind is Decision.CHECK_CARDS:
-            decision = decide(end, policy, history, shape,
-                              _check_cards(job, config, environ, console, err, decision))
-        err.write("".join(f"{line}\n" for line in decision.lines))
-        if decision.stops:
-            return decision.result
-        resume = attempts.ledger.resume_point()
-        if decision.kind is Decision.LEAVE_OUT and decision.host and smaller is not None:
-            job, resume = _leave_out(smaller(decision.host), attempts.ledger, resume)
-            left_out = (*left_out, decision.host)
-        _say_passed_over(attempts.ledger, resume, err)
-        history, waited = decision.history, decision.wait_s
-        signum = wait_unless_signalled(waited)
-        if signum is not None:
-            return _stopped_waiting(result, plan.job_id, signum)
+        with HeldStopSignals() as held:  # until the next attempt's watch loop notes them
+            result = diagnosed(result, job.plan, started)
+            plan = job.plan
+            attempts.monitor.attempt_ended(AttemptRecord.of(
+                plan.restart, started, result, attempt.resumed_from(plan), plan.hosts,
+                plan.world_size, waited, left_out))
+            end = _end_of(attempt, plan, policy, result)
+            smaller = functools.cache(job.without) if job.without is not None else None
+            shape = _shape(job, attempts.monitor, smaller)
+            decision = decide(end, policy, history, shape)  # launcher.run.restart_decision
+            if decision.kind is Decision.CHECK_CARDS:
+                decision = decide(end, policy, history, shape,
+                                  _check_cards(job, config, environ, console, err, decision))
+            err.write("".join(f"{line}\n" for line in decision.lines))
+            if decision.stops:
+                held.take()  # the job ends here whatever came
+                return decision.result
+            resume = attempts.ledger.resume_point()
+            if decision.kind is Decision.LEAVE_OUT and decision.host and smaller is not None:
+                job, resume = _leave_out(smaller(decision.host), attempts.ledger, resume)
+                left_out = (*left_out, decision.host)
+            _say_passed_over(attempts.ledger, resume, err)
+            history, waited = decision.history, decision.wait_s
+            signum = held.take() or wait_unless_signalled(waited)
+            if signum is not None:
+                return _stopped_waiting(result, plan.job_id, signum)
         plan = job.plan.restarted(decision.attempt, resume)
         saved = newest_paths(plan, attempts.saves) if attempts.saves is not None else {}
         job = dataclasses.replace(job, plan=with_checkpoints(plan, saved))

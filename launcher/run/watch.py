@@ -225,6 +225,36 @@ def restore_signal_handlers(previous: SignalHandlers) -> None:
         signal.signal(sig, handler)
 
 
+class HeldStopSignals:
+    """Stop signals held from one attempt's end until the restart loop has decided what follows
+    and waited out the backoff (``launch._attempts``): no watch loop notes them then, and by
+    default SIGTERM would kill npu-launch before it writes ``summary.json`` or says why it
+    stopped. One that came is ``take``n by the loop and acted on; one the loop did not take is
+    delivered again as the handlers before are put back, as it would have been."""
+
+    def __init__(self) -> None:
+        self._received: list[int] = []
+        self._previous: SignalHandlers = {}
+
+    def __enter__(self) -> "HeldStopSignals":
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        restore_signal_handlers(self._previous)
+        signum = self.take()
+        if signum is not None:
+            signal.raise_signal(signal.Signals(signum))
+
+    def take(self) -> Optional[int]:
+        """The first stop signal held (None: none came); every one held is forgotten."""
+        received, self._received = self._received, []
+        return received[0] if received else None
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._received.append(signum)  # no lock here: see ``Watch._on_signal``
+
+
 def wait_unless_signalled(seconds: float) -> Optional[int]:
     """Wait ``seconds`` (a restart's backoff: nothing runs); the stop signal that cut it short,
     or None."""

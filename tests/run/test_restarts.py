@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from launcher.observe.job_files import ReportOptions
 from launcher.observe.report import run_report
 from launcher.run.failures import Cause, JobResult, Outcome
 from launcher.run.restarts import Policy, blamed_host, host_to_leave_out, shrink_problem
+from launcher.run.watch import HeldStopSignals
 from parallel import contract
 from parallel.checkpoints.manifest import DataPosition, Manifest, RankFile
 from parallel.contract import Event
@@ -380,3 +382,24 @@ def test_the_same_command_run_again_records_the_step_it_resumed_from(weird_tmp: 
         report.stdout
     assert rows[0][4] == "-" and rows[1][4:6] == ["step", "4"], report.stdout
     assert_no_job_processes("again")
+
+
+def test_a_stop_signal_between_attempts_is_held_for_the_restart_loop() -> None:
+    """From an attempt's end to the backoff no watch loop notes signals: without the hold, a
+    SIGTERM there (as the diagnosis runs, or the card re-check waits) killed npu-launch before
+    it wrote summary.json (the test above, on a loaded machine)."""
+    with HeldStopSignals() as held:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert held.take() == signal.SIGTERM and held.take() is None
+
+
+def test_a_stop_signal_held_and_not_taken_is_delivered_as_it_would_have_been() -> None:
+    came: list[int] = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: came.append(signum))
+    try:
+        with HeldStopSignals():
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert came == []
+        assert came == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, previous)
