@@ -11,7 +11,6 @@ runs) the summary is rebuilt from ``metrics.jsonl`` by the monitor's own fold.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import stat
 from typing import Any, Mapping, Optional, Sequence
@@ -20,7 +19,7 @@ from launcher.errors import LaunchError
 from launcher.limits import MAX_RANK_TABLE_BYTES
 from launcher.observe import startup
 from launcher.observe.job_state import JobState, exec_mode_of
-from launcher.observe.metrics_records import events_of, read_records
+from launcher.observe.metrics_records import JobRecord, attempt_records, events_of, names_a_rank, read_records
 from launcher.observe.monitor import build_summary
 from launcher.observe.read_values import (
     Fields,
@@ -35,7 +34,8 @@ from launcher.observe.read_values import (
 )
 from launcher.observe.summary_records import AttemptEntry, CheckpointRecord
 from parallel.config import ExecMode
-from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from parallel.contract import METRICS_FILE, SUMMARY_FILE, Event
+from parallel.record_fields import JsonObject
 from rank_tables.bounded import UnreadableFile, display_name, parse_json, read_text
 
 MAX_SUMMARY_BYTES = MAX_RANK_TABLE_BYTES
@@ -120,18 +120,18 @@ class RankRow:
 
     @classmethod
     def parse(cls, fields: Fields) -> "RankRow":
-        row = cls(rank=fields.get("rank", as_rank), host=fields.get("host", as_text, "?"),
-                  exit_code=fields.get("exit_code", as_whole), steps=fields.get("steps", as_whole),
-                  final_loss=fields.get("final_loss", as_real), samples_per_s=fields.get("samples_per_s", as_real),
-                  exec_mode=exec_mode_of(fields.get("exec_mode", as_text)), eval_accuracy=None, eval_loss=None,
-                  last_event=fields.get("last_event", as_text, ""),
-                  last_event_time=fields.get("last_event_time", as_moment))
+        row = cls(rank=fields.value("rank", as_rank), host=fields.value("host", as_text, "?"),
+                  exit_code=fields.value("exit_code", as_whole), steps=fields.value("steps", as_whole),
+                  final_loss=fields.value("final_loss", as_real), samples_per_s=fields.value("samples_per_s", as_real),
+                  exec_mode=exec_mode_of(fields.value("exec_mode", as_text)), eval_accuracy=None, eval_loss=None,
+                  last_event=fields.value("last_event", as_text, ""),
+                  last_event_time=fields.value("last_event_time", as_moment))
         held_out = fields.object("eval")
         if not held_out:
             return row
         evaluation = fields.nested(held_out, fields.where + "eval")
-        return dataclasses.replace(row, eval_accuracy=evaluation.get("accuracy", as_real),
-                                   eval_loss=evaluation.get("loss", as_real))
+        return dataclasses.replace(row, eval_accuracy=evaluation.value("accuracy", as_real),
+                                   eval_loss=evaluation.value("loss", as_real))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,14 +154,14 @@ class AttemptRow:
     def parse(cls, fields: Fields) -> "AttemptRow":
         cause = fields.object("cause") or {}
         said = fields.nested(cause, fields.where + "cause")
-        process, rank, host = said.get("process", as_text), said.get("rank", as_rank), \
-            said.get("host", as_text)
+        process, rank, host = said.value("process", as_text), said.value("rank", as_rank), \
+            said.value("host", as_text)
         who = f"rank {rank}" if rank is not None else (process or "")
-        return cls(fields.get("attempt", as_whole), fields.get("outcome", as_text, "?"),
-                   fields.get("duration_s", as_real), fields.get("resumed_from", as_whole),
-                   fields.get("nodes", as_whole), fields.get("world_size", as_whole),
-                   fields.get("waited_s", as_real), f"{who} on {host}" if who and host else who,
-                   fields.get("launch", as_whole))
+        return cls(fields.value("attempt", as_whole), fields.value("outcome", as_text, "?"),
+                   fields.value("duration_s", as_real), fields.value("resumed_from", as_whole),
+                   fields.value("nodes", as_whole), fields.value("world_size", as_whole),
+                   fields.value("waited_s", as_real), f"{who} on {host}" if who and host else who,
+                   fields.value("launch", as_whole))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +180,8 @@ class JobSummary:
     last_step: Optional[int]
     checkpoints: tuple[CheckpointRecord, ...]
     ranks: tuple[RankRow, ...]
-    phases: tuple[tuple[str, float, int, float], ...] = ()
-    """(phase, the slowest rank's seconds, that rank, the median): ``launcher.observe.startup``."""
+    phases: tuple[startup.SlowestRank, ...] = ()
+    """Each phase's slowest rank and the median (``launcher.observe.startup``)."""
     attempts: tuple[AttemptRow, ...] = ()
 
     @property
@@ -201,35 +201,19 @@ class JobSummary:
         checkpoints = tuple(CheckpointRecord.parse(fields.nested(c, where))
                             for where, c in fields.objects("checkpoints"))
         ranks = tuple(RankRow.parse(fields.nested(r, where)) for where, r in fields.objects("ranks"))
-        summary = cls(job_id=fields.get("job_id", as_text, "?"), outcome=fields.get("outcome", as_text, "?"),
-                      exit_code=fields.get("exit_code", as_whole),
-                      message=fields.get("message", as_message, ""),
-                      started_at=fields.get("started_at", as_moment), ended_at=fields.get("ended_at", as_moment),
-                      duration_s=fields.get("duration_s", as_real), world_size=fields.get("world_size", as_whole),
-                      global_samples_per_s=fields.get("global_samples_per_s", as_real),
-                      last_step=fields.get("last_step", as_whole), checkpoints=checkpoints,
+        summary = cls(job_id=fields.value("job_id", as_text, "?"), outcome=fields.value("outcome", as_text, "?"),
+                      exit_code=fields.value("exit_code", as_whole),
+                      message=fields.value("message", as_message, ""),
+                      started_at=fields.value("started_at", as_moment), ended_at=fields.value("ended_at", as_moment),
+                      duration_s=fields.value("duration_s", as_real), world_size=fields.value("world_size", as_whole),
+                      global_samples_per_s=fields.value("global_samples_per_s", as_real),
+                      last_step=fields.value("last_step", as_whole), checkpoints=checkpoints,
                       ranks=ranks,
-                      phases=_phases(fields.object("phases")),
+                      phases=startup.read_phases(JsonObject.of(fields.object("phases"))),
                       attempts=tuple(AttemptRow.parse(fields.nested(a, where))
                                      for where, a in fields.objects("attempts")))
         return summary, fields.read
 
-
-def _phases(doc: Optional[Mapping[str, Any]]) -> tuple[tuple[str, float, int, float], ...]:
-    """The phases ``startup.job_phases`` wrote; one that is not as it writes them is left out."""
-    found = []
-    for name, seconds, rank, median in startup.rows(doc or {}):
-        if _is_number(seconds) and _is_number(median) and isinstance(rank, int) \
-                and not isinstance(rank, bool):
-            found.append((name, float(seconds), rank, float(median)))
-    return tuple(found)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# The command -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class JobFiles:
@@ -304,7 +288,7 @@ def _read_metrics(path: str, notes: Notes) -> tuple[tuple[dict[str, Any], ...], 
         return (), f"no {METRICS_FILE}"
     except OSError as e:
         return (), f"unreadable {METRICS_FILE}: {e.strerror or e}"
-    if any("rank" in r or r.get("event") == EVENT_JOB for r in records):
+    if names_a_rank(records):
         return records, ""
     first = notes.first(METRICS_FILE)
     return (), f"no readable record of a rank in {METRICS_FILE}" + (f" ({first})" if first else "")
@@ -317,11 +301,11 @@ def summary_from_metrics(path: str) -> dict[str, Any]:
 
 def derive_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summary.json document that typed ``records`` make, by the monitor's own fold."""
-    job = next((r for r in records if r.get("event") == EVENT_JOB), {})
-    state = JobState({int(k): h for k, h in job.get("ranks", {}).items()})
+    job = JobRecord.first_of(records)
+    state = JobState(job.hosts)
     times = [r["time"] for r in records if "time" in r]
     for event in events_of(records):
         state.apply(event, event.time or 0.0)
-    state.attempts = [AttemptEntry.from_json(r) for r in records if r.get("event") == EVENT_ATTEMPT]
-    return build_summary(job.get("job_id", "?"), state, min(times, default=None),
+    state.attempts = [AttemptEntry.from_json(r) for r in attempt_records(records)]
+    return build_summary(job.job_id, state, min(times, default=None),
                          max(times, default=None), "unknown", None)

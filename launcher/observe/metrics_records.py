@@ -5,8 +5,9 @@ in ``Notes``; so is a known field of the wrong type (the rest of its record is k
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Optional
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Optional, Sequence
 
 from launcher.limits import whole_number
 from launcher.observe.read_values import (
@@ -22,7 +23,7 @@ from launcher.observe.read_values import (
     clean_text,
     shown_value,
 )
-from parallel.contract import METRICS_FILE, Event
+from parallel.contract import EVENT_ATTEMPT, EVENT_JOB, METRICS_FILE, Event
 from rank_tables.bounded import JSON_DECODER
 
 MAX_LINE_BYTES = 1 << 20
@@ -119,3 +120,40 @@ def events_of(records: Iterable[Mapping[str, Any]]) -> tuple[Event, ...]:
     """The ranks' events among typed ``records``, each parsed once (``contract.Event``); the
     launcher's own records (``job``, ``attempt``) name no rank and are left out."""
     return tuple(filter(None, map(Event.parse, records)))
+
+
+def kind_of(record: Mapping[str, Any]) -> Optional[str]:
+    """The record's ``event`` (a typed record's is text, or absent)."""
+    kind = record.get("event")
+    return kind if isinstance(kind, str) else None
+
+
+def of_kind(records: Iterable[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    """The records whose ``event`` is ``kind``."""
+    return [r for r in records if kind_of(r) == kind]
+
+
+def attempt_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The launcher's ``attempt`` records (each read by ``AttemptEntry.from_json``)."""
+    return of_kind(records, EVENT_ATTEMPT)
+
+
+def names_a_rank(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any record is a rank's, or the launcher's ``job`` record that lists the ranks."""
+    return any("rank" in r or kind_of(r) == EVENT_JOB for r in records)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    """The launcher's ``job`` record, the first line it writes: the job's id and each rank's host."""
+
+    job_id: str
+    hosts: dict[int, str]
+
+    @classmethod
+    def first_of(cls, records: Iterable[Mapping[str, Any]]) -> "JobRecord":
+        """The first ``job`` record among typed ``records`` (``?`` and no hosts when none)."""
+        job = next(iter(of_kind(records, EVENT_JOB)), {})
+        job_id = job.get("job_id")
+        return cls(job_id if isinstance(job_id, str) else "?",
+                   {int(k): h for k, h in job.get("ranks", {}).items()})

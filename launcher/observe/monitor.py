@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 from launcher.files import read_json
 from launcher.hangs.stalls import Busy, Stall
 from launcher.observe.job_state import LIVENESS, JobState, RankState
-from launcher.observe.startup import describe, job_phases
+from launcher.observe.startup import describe, slowest_ranks
 from launcher.observe.status_display import Footer, status_line, status_table, table_height, write_console
 from launcher.observe.summary_records import AttemptEntry
 from launcher.ranks.record import FRAMEWORK_STOP, RankRecord
@@ -181,8 +181,8 @@ class JobMonitor:
     def phases_note(self) -> Optional[str]:
         """The line that says where the ranks' time went (``launcher.observe.startup``)."""
         with self._lock:
-            return describe(job_phases({r: state.progress.phases()
-                                        for r, state in self._state.ranks.items()}))
+            return describe(slowest_ranks({r: state.progress.phases()
+                                           for r, state in self._state.ranks.items()}))
 
     def attempts_note(self, max_restarts: int) -> Optional[str]:
         """A line for a job that was restarted: each attempt's end, the last five at most."""

@@ -169,7 +169,7 @@ class Fields:
     notes: Notes
     read: int = 0
 
-    def get(self, key: str, reader: Reader, default: Any = None) -> Any:
+    def value(self, key: str, reader: Reader, default: Any = None) -> Any:
         """Field ``key`` read by ``reader``; ``default`` when it is absent, null or unreadable."""
         value = self.doc.get(key)
         if value is None:

@@ -131,8 +131,8 @@ def format_summary(summary: JobSummary) -> str:
                   for a in summary.attempts]
     if summary.phases:
         lines.append("where the time went:   slowest rank   seconds   median of ranks")
-        lines += [f"  {name:<12} {rank:>14} {seconds:>9.2f} {median:>10.2f}"
-                  for name, seconds, rank, median in summary.phases]
+        lines += [f"  {p.shown:<12} {p.rank:>14} {p.seconds:>9.2f} {p.median:>10.2f}"
+                  for p in summary.phases]
     lines.append(f"{'rank':>5} {'host':<20} {'exit':>5} {'steps':>7} {'final loss':>11} "
                  f"{'samples/s':>10} {'mode':>8} {'eval acc':>8} {'eval loss':>9}  last event")
     lines += [_rank_row(r) for r in summary.ranks]

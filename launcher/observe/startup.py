@@ -25,10 +25,13 @@ slowest rank of each phase.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from launcher.ranks.record import PHASES
+from parallel.record_fields import JsonObject
 
 _SHOWN = {"process": "process", "imports": "imports", "init": "init()",
           "first_step": "first step", "training": "training", "exit": "exit"}
@@ -38,33 +41,64 @@ _SHOWN = {"process": "process", "imports": "imports", "init": "init()",
 the phases, the hang check, the monitor and the attempt); ``RankRecord.phases`` measures them."""
 
 
-def job_phases(ranks: Mapping[int, Mapping[str, Optional[float]]]) -> dict[str, Any]:
-    """Per phase over the ranks that report it: the slowest rank, its seconds, the median."""
-    result: dict[str, Any] = {}
+@dataclasses.dataclass(frozen=True)
+class SlowestRank:
+    """One phase over the ranks that report it: the slowest rank, its seconds, the median."""
+
+    phase: str
+    rank: int
+    seconds: float
+    median: float
+
+    @property
+    def shown(self) -> str:
+        """The phase as a person reads it (``init()``, ``first step``)."""
+        return _SHOWN[self.phase]
+
+    def to_json(self) -> dict[str, Any]:
+        """The phase's entry in summary.json's ``phases``."""
+        return {"slowest_rank": self.rank, "seconds": self.seconds, "median": self.median}
+
+    @classmethod
+    def parse(cls, phase: str, entry: Optional[JsonObject]) -> Optional["SlowestRank"]:
+        """The entry of ``phase`` as ``to_json`` wrote it (summary.json read back, which may have
+        been edited); None for one that is not (a rank that is no whole number, NaN seconds)."""
+        if entry is None:
+            return None
+        rank, seconds, median = entry.whole("slowest_rank"), entry.number("seconds"), entry.number("median")
+        if rank is None or seconds is None or median is None \
+                or not (math.isfinite(seconds) and math.isfinite(median)):
+            return None
+        return cls(phase, rank, seconds, median)
+
+
+def slowest_ranks(ranks: Mapping[int, Mapping[str, Optional[float]]]) -> tuple[SlowestRank, ...]:
+    """Per phase (in ``PHASES`` order) that some rank reports: its slowest rank and the median."""
+    found = []
     for name in PHASES:
         known = {rank: seconds for rank, p in ranks.items()
                  if (seconds := p.get(name)) is not None}
-        if not known:
-            result[name] = None
-            continue
-        slowest = max(known, key=lambda rank: (known[rank], -rank))
-        result[name] = {"slowest_rank": slowest, "seconds": known[slowest],
-                        "median": round(statistics.median(known.values()), 3)}
-    return result
+        if known:
+            slowest = max(known, key=lambda rank: (known[rank], -rank))
+            found.append(SlowestRank(name, slowest, known[slowest],
+                                     round(statistics.median(known.values()), 3)))
+    return tuple(found)
 
 
-def describe(phases: Mapping[str, Any]) -> Optional[str]:
+def job_phases(ranks: Mapping[int, Mapping[str, Optional[float]]]) -> dict[str, Any]:
+    """summary.json's ``phases``: each phase's ``SlowestRank``, null for one no rank reports."""
+    return {name: None for name in PHASES} | {s.phase: s.to_json() for s in slowest_ranks(ranks)}
+
+
+def read_phases(phases: Optional[JsonObject]) -> tuple[SlowestRank, ...]:
+    """summary.json's ``phases`` read back: the entries that are as ``job_phases`` writes them."""
+    if phases is None:
+        return ()
+    return tuple(filter(None, (SlowestRank.parse(name, phases.object(name)) for name in PHASES)))
+
+
+def describe(phases: Sequence[SlowestRank]) -> Optional[str]:
     """``start-up (slowest rank): process 0.1 s (rank 1), imports 2.0 s (rank 0), ...``; None
     when no phase is known."""
-    parts = [f"{_SHOWN[name]} {p['seconds']:.1f} s (rank {p['slowest_rank']})"
-             for name in PHASES if isinstance(p := phases.get(name), Mapping)]
+    parts = [f"{p.shown} {p.seconds:.1f} s (rank {p.rank})" for p in phases]
     return f"npu-launch: where the time went (slowest rank): {', '.join(parts)}" if parts else None
-
-
-def rows(phases: Mapping[str, Any]) -> Iterable[tuple[str, Any, Any, Any]]:
-    """(phase, slowest seconds, slowest rank, median) of each phase given, as given (the report
-    checks the types: summary.json may have been edited)."""
-    for name in PHASES:
-        p = phases.get(name)
-        if isinstance(p, Mapping):
-            yield _SHOWN[name], p.get("seconds"), p.get("slowest_rank"), p.get("median")

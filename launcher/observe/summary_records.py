@@ -38,9 +38,9 @@ class CheckpointRecord:
     @classmethod
     def parse(cls, fields: Fields) -> "CheckpointRecord":
         """The entry ``fields`` reads (summary.json read back); what cannot be read is noted."""
-        return cls(rank=fields.get("rank", as_rank), step=fields.get("step", as_whole),
-                   host=fields.get("host", as_text, "?"), path=fields.get("path", as_text),
-                   time=fields.get("time", as_moment), complete=fields.get("complete", _flag, False))
+        return cls(rank=fields.value("rank", as_rank), step=fields.value("step", as_whole),
+                   host=fields.value("host", as_text, "?"), path=fields.value("path", as_text),
+                   time=fields.value("time", as_moment), complete=fields.value("complete", _flag, False))
 
 
 def _flag(value: Any) -> bool:

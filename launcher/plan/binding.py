@@ -120,11 +120,10 @@ class Binding:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Binding":
         """The inverse of ``dataclasses.asdict`` (the plan's JSON)."""
-        return cls(rule=str(data["rule"]), numa=bool(data.get("numa", False)),
-                   card=None if data.get("card") is None else int(data["card"]),
-                   cpus=tuple(int(c) for c in data.get("cpus", ())),
-                   mems=tuple(int(m) for m in data.get("mems", ())),
-                   how=str(data.get("how", "")), sharing=int(data.get("sharing", 1)))
+        return cls(rule=str(data["rule"]), numa=bool(data["numa"]),
+                   card=None if data["card"] is None else int(data["card"]),
+                   cpus=tuple(int(c) for c in data["cpus"]), mems=tuple(int(m) for m in data["mems"]),
+                   how=str(data["how"]), sharing=int(data["sharing"]))
 
 
 def planned(bind_cores: Optional[str], bind_numa: bool, card: Optional[int]) -> Optional[Binding]:

@@ -202,16 +202,17 @@ class LaunchPlan:
 
     @classmethod
     def from_json(cls, text: str) -> "LaunchPlan":
-        """The inverse of ``to_json``: how a node agent receives its plan."""
+        """The inverse of ``to_json``: how a node agent receives its plan. It is the plan this
+        launcher wrote (``asdict``: every field there), so each field is read as required."""
         data = json.loads(text)
         data["mode"] = StartMode(data["mode"])
         data["device"] = DeviceKind(data["device"])
         data["scheduler"] = _spec_from_dict(data["scheduler"]) if data["scheduler"] else None
         data["ranks"] = tuple(_spec_from_dict(r) for r in data["ranks"])
-        data["timeouts"] = Timeouts(**data.get("timeouts", {}))
-        data["resume"] = ResumePoint.from_dict(data["resume"]) if data.get("resume") else None
-        data["collect_ranks"] = tuple(int(r) for r in data.get("collect_ranks", ()))
-        data["script_argv"] = tuple(str(a) for a in data.get("script_argv", ()))
+        data["timeouts"] = Timeouts(**data["timeouts"])
+        data["resume"] = ResumePoint.from_dict(data["resume"]) if data["resume"] else None
+        data["collect_ranks"] = tuple(int(r) for r in data["collect_ranks"])
+        data["script_argv"] = tuple(str(a) for a in data["script_argv"])
         return cls(**data)
 
     def render(self) -> str:
@@ -241,7 +242,7 @@ def _render_process(spec: ProcessSpec, foreground: bool = False) -> str:
 
 
 def _spec_from_dict(data: dict) -> ProcessSpec:
-    bound = data.get("binding")
+    bound = data["binding"]
     return ProcessSpec(**{**data, "role": Role(data["role"]), "argv": tuple(data["argv"]),
                           "binding": Binding.from_dict(bound) if bound else None})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 from helpers import TESTS, assert_no_job_processes, job_pids, npu_launch_argv, run_launcher, wait_for
 
-from launcher.observe.startup import PHASES, describe, job_phases
+from launcher.observe.startup import PHASES, describe, job_phases, slowest_ranks
 from launcher.ranks.record import RankRecord
 from parallel.contract import Event
 
@@ -88,13 +88,14 @@ def test_marks_fold_the_events_and_leave_unknown_phases_out() -> None:
 
 
 def test_the_slowest_rank_of_each_phase_is_named() -> None:
-    phases = job_phases({0: {"init": 1.0, "imports": 2.0}, 1: {"init": 3.0, "imports": None},
-                         2: {"init": 2.0, "imports": 1.0}})
+    ranks = {0: {"init": 1.0, "imports": 2.0}, 1: {"init": 3.0, "imports": None},
+             2: {"init": 2.0, "imports": 1.0}}
+    phases = job_phases(ranks)
     assert phases["init"] == {"slowest_rank": 1, "seconds": 3.0, "median": 2.0}
     assert phases["imports"] == {"slowest_rank": 0, "seconds": 2.0, "median": 1.5}
     assert phases["process"] is None
-    assert describe(phases) == ("npu-launch: where the time went (slowest rank): imports 2.0 s "
-                                "(rank 0), init() 3.0 s (rank 1)")
+    assert describe(slowest_ranks(ranks)) == ("npu-launch: where the time went (slowest rank): "
+                                              "imports 2.0 s (rank 0), init() 3.0 s (rank 1)")
 
 
 def test_the_report_skips_phases_that_are_not_as_written(tmp_path: Path) -> None:
