@@ -87,12 +87,12 @@ def test_a_torch_rank_that_raises_is_named_with_its_exception(weird_tmp: Path) -
 
 def test_a_torch_rank_hung_before_a_collective_is_the_straggler(weird_tmp: Path) -> None:
     """With the limit learnt (its floor lowered to 1 s, so the steps' pace decides: 2-3 s), rank
-    0 first writes alone for 5 s (a few seconds into training: 3000 steps of a few ms, so that
-    an interval was seen) while rank 1 waits in DDP's all-reduce: no hang, a spell busy alone;
-    then rank 1 freezes and is named."""
+    0 first writes alone for 5 s (a few seconds into training: 1000 steps of a few ms, 2 s here,
+    so that intervals were seen; one is enough to learn from) while rank 1 waits in DDP's
+    all-reduce: no hang, a spell busy alone; then, 1000 steps on, rank 1 freezes and is named."""
     result, _ = launch(weird_tmp, "torch-hang", "--steps", "100000", "--write-rank", "0",
-                       "--write-at", "3000", "--write-s", "5", "--hang-rank", "1",
-                       "--hang-at", "6000", options=("--hang-floor", "1"))
+                       "--write-at", "1000", "--write-s", "5", "--hang-rank", "1",
+                       "--hang-at", "2000", options=("--hang-floor", "1"))
     err = result.stderr
     assert result.returncode == HANG_EXIT_CODE, err[-3000:]
     assert "rank 0 writes alone for 5 s" in result.stdout, result.stdout[-2000:]
