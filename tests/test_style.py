@@ -1,8 +1,10 @@
 """The habits pyproject.toml writes down, kept by the test command: ruff's checks over the whole
 tree, and mypy over the host side, the whole rank side (``parallel``, MindSpore typed as ``Any``)
-and ``scripts``, with every ``type: ignore`` naming its error code and used."""
+and ``scripts``, with every ``type: ignore`` naming its error code and used; and the launcher's
+records typed past the edge (``typed_reads``)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -22,3 +24,17 @@ def test_ruff() -> None:
 def test_mypy() -> None:
     result = _run("mypy", "--no-incremental", "--cache-dir", "/dev/null")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_the_launcher_reads_records_typed_past_the_edge() -> None:
+    """No ``.get(`` on a plain dict (untyped values: a record read by field name) outside the
+    edge readers (tests/typed_reads.py names them and says how the types are found)."""
+    result = _run("tests.typed_reads")
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout)
+    assert found["untyped"] == [], f"mypy gave these receivers no type: {found['untyped']}"
+    # The check sees: the edge readers' own reads are found, as are the typed maps' lookups.
+    assert len(found["edge"]) >= 5 and found["typed"] >= 50, found
+    assert found["outside"] == [], (
+        "read these records as typed values at the edge (parallel.record_fields.JsonObject, "
+        "launcher.observe.read_values.Fields, a from_json): " + "; ".join(found["outside"]))

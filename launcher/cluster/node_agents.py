@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import BinaryIO, Callable, Mapping, Optional
 
 from launcher.cluster import control
 from launcher.cluster.fanout import Admission, open_files_needed, raise_open_files
@@ -57,7 +57,7 @@ class StreamedLogs:
 
     def __init__(self, plan: LaunchPlan) -> None:
         self._plan = plan
-        self._files: dict[int, Any] = {}
+        self._files: dict[int, BinaryIO] = {}
         self._lock = threading.Lock()
 
     def write(self, rank: int, line: bytes) -> None:

@@ -61,7 +61,8 @@ def _bind_file(option: str, path: str) -> BindValue:
         value = json.loads(read_bounded_text(path, option))
     except (ValueError, RecursionError):
         value = None
-    if not isinstance(value, dict) or not isinstance(value.get("bind_config", {}), dict):
+    if not isinstance(value, dict) or ("bind_config" in value
+                                       and not isinstance(value["bind_config"], dict)):
         raise ConfigError(f"{option} {shown(path)}: expected a JSON object (with a "
                           "'bind_config' object)")
     return value

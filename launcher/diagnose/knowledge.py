@@ -95,7 +95,7 @@ def parse(text: str, source: str = FAULTS_FILE) -> Knowledge:
         jsonschema.validate(data, SCHEMA)
     except (yaml.YAMLError, jsonschema.ValidationError) as e:
         raise BadInput(f"{source}: {getattr(e, 'message', e)}") from None
-    faults = [_fault(entry, source) for entry in data]
+    faults = [_parse_fault(entry, source) for entry in data]
     ids = [f.id for f in faults]
     if len(set(ids)) != len(ids):
         raise BadInput(f"{source}: duplicate ids: {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -110,7 +110,7 @@ def parse(text: str, source: str = FAULTS_FILE) -> Knowledge:
     return Knowledge(tuple(faults), _together(faults), tuple(fewest(keys)))
 
 
-def _fault(entry: dict[str, Any], source: str) -> Fault:
+def _parse_fault(entry: dict[str, Any], source: str) -> Fault:
     patterns = tuple(entry["patterns"])
     try:
         regex = re.compile("|".join(_scoped(p) for p in patterns).encode())

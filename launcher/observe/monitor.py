@@ -50,6 +50,7 @@ from launcher.run.restarts import AttemptRecord
 from parallel import contract
 from parallel.checkpoints.manifest import atomic_write_bytes
 from parallel.contract import EVENT_ATTEMPT, EVENT_EXITED, EVENT_JOB, METRICS_FILE, SUMMARY_FILE, Event
+from parallel.record_fields import JsonObject
 
 _LIVE_INTERVAL = 1.0
 
@@ -349,8 +350,8 @@ def build_summary(job_id: str, state: JobState, started: Optional[float], ended:
 def earlier_attempts(log_dir: str) -> list[AttemptEntry]:
     """The ``attempts`` of the summary.json an earlier launch left in ``log_dir`` (each with its
     ``launch``: 0 for the first); none when there is none or it cannot be read."""
-    summary = read_json(os.path.join(log_dir, SUMMARY_FILE))
-    attempts = summary.get("attempts") if isinstance(summary, dict) else None
-    if not isinstance(attempts, list):
+    summary = JsonObject.of(read_json(os.path.join(log_dir, SUMMARY_FILE)))
+    attempts = summary.items("attempts") if summary else None
+    if attempts is None:
         return []
     return [AttemptEntry.from_json(a) for a in attempts if isinstance(a, dict)]

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 from launcher.observe.read_values import Fields, Unreadable, as_moment, as_rank, as_text, as_whole
 from launcher.run.failures import Cause
 from launcher.run.restarts import AttemptRecord
+from parallel.record_fields import JsonObject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,13 +105,19 @@ class AttemptEntry:
     def from_json(cls, doc: Mapping[str, Any]) -> "AttemptEntry":
         """The entry in ``doc``, which may come from a file (an earlier launch's summary.json,
         an ``attempt`` record of metrics.jsonl): a field of another type is left out."""
-        return cls(launch=_of(doc, "launch", int) or 0, attempt=_of(doc, "attempt", int),
-                   started_at=_of(doc, "started_at", float), ended_at=_of(doc, "ended_at", float),
-                   duration_s=_of(doc, "duration_s", float), outcome=_of(doc, "outcome", str) or "?",
-                   exit_code=_of(doc, "exit_code", int), cause=_cause(doc.get("cause")),
-                   resumed_from=_of(doc, "resumed_from", int), nodes=_of(doc, "nodes", int),
-                   world_size=_of(doc, "world_size", int), waited_s=_of(doc, "waited_s", float),
-                   left_out=_hosts(doc, "left_out"))
+        fields = JsonObject(doc)
+
+        def seconds(key: str) -> Optional[float]:  # a number, an int kept as one
+            whole = fields.whole(key)
+            return fields.number(key) if whole is None else whole
+
+        return cls(launch=fields.whole("launch") or 0, attempt=fields.whole("attempt"),
+                   started_at=seconds("started_at"), ended_at=seconds("ended_at"),
+                   duration_s=seconds("duration_s"), outcome=fields.text("outcome") or "?",
+                   exit_code=fields.whole("exit_code"), cause=_cause(doc.get("cause")),
+                   resumed_from=fields.whole("resumed_from"), nodes=fields.whole("nodes"),
+                   world_size=fields.whole("world_size"), waited_s=seconds("waited_s"),
+                   left_out=tuple(h for h in fields.items("left_out") or () if type(h) is str))
 
     @property
     def who(self) -> str:
@@ -121,21 +128,6 @@ class AttemptEntry:
         if cause.rank is not None:
             return f" (rank {cause.rank} on {cause.host})"
         return f" ({cause.process} on {cause.host})" if cause.process else ""
-
-
-_TYPES: dict[type, tuple[type, ...]] = {int: (int,), float: (int, float), str: (str,)}
-
-
-def _of(doc: Mapping[str, Any], key: str, kind: type) -> Any:
-    """``doc[key]`` if it is of ``kind`` (a whole number for a float too; never a bool)."""
-    value = doc.get(key)
-    return value if type(value) in _TYPES[kind] else None
-
-
-def _hosts(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    """The host names listed at ``doc[key]``; what is not a name is left out."""
-    value = doc.get(key)
-    return tuple(h for h in value if type(h) is str) if type(value) is list else ()
 
 
 def _cause(value: Any) -> Optional[Cause]:

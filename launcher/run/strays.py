@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 if TYPE_CHECKING:
     import psutil
@@ -114,7 +114,7 @@ def job_processes(token: str, node_rank: int) -> "list[psutil.Process]":
         if proc.pid == me:
             continue
         try:
-            env = proc.environ()
+            env: Mapping[str, str] = proc.environ()
             if env.get(contract.TOKEN) == token and env.get(contract.NODE_RANK) == str(node_rank):
                 found.append(proc)
         except psutil.Error:
