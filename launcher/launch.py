@@ -4,7 +4,7 @@ per try, restarted as ``launcher.run.restart_decision`` decides; ``summary.json`
 
 One node: the watch loop (``launcher.run.watch``) runs the plan's ranks here
 (``supervisor.run_local``). Several nodes: a backend (ssh, Slurm, OpenMPI) names the hosts,
-preflight checks them, and the same loop runs one node agent per host (``cluster.run_agents``).
+preflight checks them, and the same loop runs one node agent per host (``cluster.node_agents.run_agents``).
 By hand (``--nnodes N --node-rank R``): this node's share of the plan, like msrun. Either way
 one ``Attempt`` per try carries the ranks' events to the monitor.
 """

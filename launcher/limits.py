@@ -1,8 +1,8 @@
 """The bounds on what npu-launch accepts, and the helpers that apply them.
 
 Every input a user (or a hostile file) can make large has a bound here, so a typo or a
-``/dev/zero`` gets one line instead of an allocation without end. The README's "How a job
-ends" table lists them; keep the two in step.
+``/dev/zero`` gets one line instead of an allocation without end. ``docs/reference/bounds.md``
+lists them; keep the two in step.
 """
 from __future__ import annotations
 

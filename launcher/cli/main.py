@@ -19,7 +19,7 @@ from launcher.cli.rank_table import rank_table
 from launcher.cli.run_config import build_config, pointing_at, working_dir
 from launcher.cli.standard_output import console_stream, hold_standard_fds, print_out
 from launcher.cli.whole_numbers import WHOLE_NUMBER
-from launcher.cluster.backends import TransportOptions
+from launcher.cluster.backends import LauncherKind, TransportOptions
 from launcher.cluster.preflight import render, run_preflight
 from launcher.config import msrun_args, msrun_compat
 from launcher.config.devices import DeviceKind
@@ -135,8 +135,8 @@ def cli() -> None:
               "number of nodes of a job started by hand on each node.")
 @click.option("--node-rank", type=WHOLE_NUMBER, help="This node's index in a job started by hand "
               "(with --nnodes, --master-addr, --master-port).")
-@click.option("--launcher", "launcher_kind", type=click.Choice(["auto", "local", "ssh", "slurm",
-              "mpi"]), default="auto", show_default=True, help="How node agents start: slurm "
+@click.option("--launcher", "launcher_kind", type=click.Choice([k.value for k in LauncherKind]),
+              default="auto", show_default=True, help="How node agents start: slurm "
               "inside an allocation, else ssh with a hostfile, else local (in an operator's "
               "Kubernetes pod: this pod's share; an explicit value turns that off).")
 @click.option("--ssh-port", type=WHOLE_NUMBER, help="Port of sshd on the hosts.")

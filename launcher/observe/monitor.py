@@ -2,8 +2,9 @@
 The per-rank state lives in ``launcher.observe.job_state``, the table and lines in
 ``launcher.observe.status_display``; the monitor feeds one and drives the other.
 
-The supervisor hands every rank event to ``JobMonitor.on_event`` (local ranks from their events
-files, remote ranks through the same callback) and calls ``tick`` about every 20 ms. The monitor
+Node 0's ``Attempt`` (``launcher.attempt``) hands every rank event to ``JobMonitor.on_event``
+(local ranks from their events files, remote ranks as their agents send them) and the watch
+loop calls ``tick`` about every 20 ms. The monitor
 appends each record to ``<log_dir>/metrics.jsonl``, folds it into per-rank state and, at the end,
 writes ``<log_dir>/summary.json``.
 
