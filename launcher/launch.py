@@ -175,8 +175,10 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
             shape = _shape(job, attempts.monitor, smaller)
             decision = decide(end, policy, history, shape)  # launcher.run.restart_decision
             if decision.kind is Decision.CHECK_CARDS:
-                decision = decide(end, policy, history, shape,
-                                  _check_cards(job, config, environ, console, err, decision))
+                verdict = _check_cards(job, config, environ, console, err, decision, held.pending)
+                if (signum := held.take()) is not None:  # it ended the wait for the cards
+                    return _stopped_waiting(result, plan.job_id, signum)
+                decision = decide(end, policy, history, shape, verdict)
             err.write("".join(f"{line}\n" for line in decision.lines))
             if decision.stops:
                 held.take()  # the job ends here whatever came
@@ -236,13 +238,14 @@ def _goes_on(smaller: Callable[[str], Job], host: str) -> GoesOn:
 
 
 def _check_cards(job: Job, config: LaunchConfig, environ: Mapping[str, str], console: Console,
-                 err: TextIO, decision: RestartDecision) -> CardVerdict:
+                 err: TextIO, decision: RestartDecision, stopped: Callable[[], bool]) -> CardVerdict:
     """Say the restart, then check the blamed host's cards again (``launcher.cluster.card_checks``:
-    it waits up to ``--card-free-timeout`` for a held card): the verdict the decision takes."""
+    it waits up to ``--card-free-timeout`` for a held card, until ``stopped``): the verdict the
+    decision takes."""
     console.begin_attempt(decision.attempt)  # the old attempt's lines before this line, or tagged
     err.write("".join(f"{line}\n" for line in decision.lines))
     bad = recheck_before_restart(job.plan, job.backend, decision.host, config.card_free_timeout,
-                                 environ, err)
+                                 environ, err, stopped)
     return CardVerdict(bad.host, bad.why) if bad is not None else CARDS_FIT
 
 

@@ -16,11 +16,12 @@ import dataclasses
 import json
 import subprocess
 import sys
-from typing import Mapping, Optional, Sequence, TextIO
+import time
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from launcher.cluster.backends import Backend, HostfileBackend
 from launcher.cluster.backends.ssh import ssh_argv
-from launcher.cluster.card_health import CardProblem, CardReport, check_cards
+from launcher.cluster.card_health import FREE_POLL_S, CardProblem, CardReport, WaitStopped, check_cards
 from launcher.cluster.preflight import HostCheck
 from launcher.config.devices import DeviceKind, find_cards
 from launcher.errors import LaunchError
@@ -29,6 +30,8 @@ from parallel.contract import JsonObject
 
 RECHECK_SLACK_S = 30.0
 """Beyond ``--card-free-timeout``: the ssh connection and the checks themselves."""
+RECHECK_END_S = 5.0
+"""How long the ssh client of a re-check given up has to end once its input is closed."""
 
 
 def refusal(bad: Sequence[tuple[str, CardProblem]]) -> str:
@@ -132,40 +135,68 @@ class BadCards:
 
 def recheck_before_restart(plan: LaunchPlan, backend: Optional[Backend],
                            failed_host: Optional[str], free_within: float,
-                           environ: Mapping[str, str], err: TextIO) -> Optional[BadCards]:
+                           environ: Mapping[str, str], err: TextIO,
+                           stopped: Callable[[], bool] = lambda: False) -> Optional[BadCards]:
     """Wait (at most ``free_within`` s) until no process holds ``failed_host``'s cards, then
     check them again there: over ssh for a hostfile job, in-process for one node. None: fit
-    (or not checkable: a CPU job, a Slurm job, no host to blame)."""
+    (or not checkable: a CPU job, a Slurm job, no host to blame), or given up because
+    ``stopped`` said so (a stop signal: the caller ends the job)."""
     here = environ if backend is None else None
     cards = physical_cards(plan, failed_host, here) if failed_host else ()
     if not cards or failed_host is None:
         return None
     err.write(f"npu-launch: checking {failed_host}'s card(s) {', '.join(map(str, cards))} "
               f"before the restart (waiting up to {free_within:g} s for them to be free)\n")
-    if backend is None:
-        report: Optional[CardReport] = check_cards(cards, environ, free_within)
-    elif isinstance(backend, HostfileBackend):
-        report = _remote_report(plan, backend, failed_host, cards, free_within)
-    else:
+    try:
+        if backend is None:
+            report: Optional[CardReport] = check_cards(cards, environ, free_within, stopped)
+        elif isinstance(backend, HostfileBackend):
+            report = _remote_report(plan, backend, failed_host, cards, free_within, stopped)
+        else:
+            return None
+    except WaitStopped:
         return None
     if report is None:
         return BadCards(failed_host, (CardProblem(cards[0], "no answer", "launcher.cluster.probe"),))
     return BadCards(failed_host, report.problems) if report.problems else None
 
 
-def _remote_report(plan: LaunchPlan, backend: HostfileBackend, host: str,
-                   cards: Sequence[int], free_within: float) -> Optional[CardReport]:
+def _remote_report(plan: LaunchPlan, backend: HostfileBackend, host: str, cards: Sequence[int],
+                   free_within: float, stopped: Callable[[], bool]) -> Optional[CardReport]:
+    """The probe's answer over ssh; its standard input stays open while it waits, and closing
+    it (``stopped``) ends the probe there: ``WaitStopped``."""
     selection = next((h for h in backend.hosts() if h.host == host), None)
     if selection is None:
         return None
     remote = [sys.executable, "-m", "launcher.cluster.probe", "--check-cards",
               ",".join(map(str, cards)), "--wait-free", f"{free_within:g}"]
     argv = ssh_argv(host, selection.user, remote, plan.workdir, backend.options)
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as probe:
+        deadline = time.monotonic() + free_within + RECHECK_SLACK_S
+        while probe.poll() is None:
+            if stopped() or time.monotonic() >= deadline:
+                _end(probe)
+                if stopped():
+                    raise WaitStopped()
+                return None
+            time.sleep(FREE_POLL_S)
+        out = probe.stdout.read() if probe.stdout else ""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                             timeout=free_within + RECHECK_SLACK_S)
-        facts = json.loads(out.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        facts = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
         return None
     answer = JsonObject.of(facts)
     return CardReport.from_json(answer.object("card_health")) if answer is not None else None
+
+
+def _end(probe: subprocess.Popen) -> None:
+    """Close the probe's standard input (its ssh sends the end, and the probe there ends), then
+    end the ssh client if it does not end by itself."""
+    if probe.stdin:
+        probe.stdin.close()
+    try:
+        probe.wait(timeout=RECHECK_END_S)
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.wait()

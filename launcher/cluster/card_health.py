@@ -152,15 +152,20 @@ def _text(value: Any) -> Optional[str]:
     return value if type(value) is str else None
 
 
-def check_cards(cards: Sequence[int], environ: Mapping[str, str],
-                free_within: float = 0.0) -> CardReport:
+class WaitStopped(Exception):
+    """The wait for free cards was given up: the launcher got a stop signal meanwhile."""
+
+
+def check_cards(cards: Sequence[int], environ: Mapping[str, str], free_within: float = 0.0,
+                stopped: Callable[[], bool] = lambda: False) -> CardReport:
     """The health of ``cards`` (physical ids) on this host. With ``free_within`` > 0, first
     wait up to that many seconds until no process holds any of them (a restart's ranks
-    would find them busy)."""
+    would find them busy); ``WaitStopped`` as soon as ``stopped`` says so during that wait."""
     started = time.monotonic()
     devfs = environ.get(contract.DEVFS, "/dev")
-    if free_within > 0:
-        wait_until_free(cards, devfs, free_within)
+    if free_within > 0 and not wait_until_free(cards, devfs, free_within, stopped=stopped) \
+            and stopped():
+        raise WaitStopped()
     npu_smi, hccn = find_tool("npu-smi", environ), find_tool("hccn_tool", environ)
     skipped = [what for what, tool in (
         ("health and processes: no npu-smi", npu_smi),
@@ -201,11 +206,13 @@ def _unique(problems: Sequence[CardProblem]) -> list[CardProblem]:
 
 
 def wait_until_free(cards: Sequence[int], devfs: str, timeout: float,
-                    sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Whether no process holds any of ``cards`` within ``timeout`` seconds (polled)."""
+                    sleep: Callable[[float], None] = time.sleep,
+                    stopped: Callable[[], bool] = lambda: False) -> bool:
+    """Whether no process holds any of ``cards`` within ``timeout`` seconds (polled); False as
+    soon as ``stopped`` says so."""
     deadline = time.monotonic() + timeout
     while holders_of(cards, devfs):
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or stopped():
             return False
         sleep(FREE_POLL_S)
     return True

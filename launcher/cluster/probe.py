@@ -6,7 +6,8 @@ nothing heavy (MindSpore's version comes from its installed metadata, not from i
 Each ``--file`` (relative to the launch directory, or absolute) is reported as a ``FileFact``:
 its size and sha256, or why there is none. ``--check-cards 0,1`` adds the health of those cards
 (``launcher.cluster.card_health``) when this host has device nodes; ``--wait-free S`` first waits up to
-S seconds until no process holds them (before a restart).
+S seconds until no process holds them (before a restart). While it waits, the end of its standard
+input ends it, with no answer: node 0 closes it (its ssh ends) when a stop signal ends the job.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import os
 import socket
 import stat
 import sys
+import threading
 from importlib import metadata
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from launcher import __version__
-from launcher.cluster.card_health import CardReport, check_cards
+from launcher.cluster.card_health import CardReport, WaitStopped, check_cards
 from launcher.config.devices import find_cards
 from launcher.limits import MAX_HASHED_BYTES
 from parallel.checkpoints.manifest import sha256_file
@@ -115,11 +117,13 @@ def file_facts(paths: Sequence[str], root: str) -> dict[str, FileFact]:
 
 
 def report(port: Optional[int], files: Optional[Mapping[str, FileFact]] = None,
-           cards: Sequence[int] = (), wait_free: float = 0.0) -> dict:
+           cards: Sequence[int] = (), wait_free: float = 0.0,
+           stopped: Callable[[], bool] = lambda: False) -> dict:
     """This host's facts, as node 0 compares them; ``card_health`` only when ``cards`` were
-    asked about and this host has device nodes (a CPU host has nothing to check)."""
+    asked about and this host has device nodes (a CPU host has nothing to check).
+    ``WaitStopped`` when ``stopped`` says so while it waits for the cards."""
     found = find_cards(os.environ)
-    health = check_cards(cards, os.environ, wait_free).to_json() if cards and found else None
+    health = check_cards(cards, os.environ, wait_free, stopped).to_json() if cards and found else None
     return {
         "hostname": socket.gethostname(),
         "npu_launch": __version__,
@@ -160,8 +164,24 @@ def main() -> None:
                         help="seconds to wait until no process holds those cards")
     args = parser.parse_args()
     cards = [int(c) for c in args.check_cards.split(",") if c.strip()]
-    print(json.dumps(report(args.port, file_facts(args.files, os.getcwd()), cards,
-                            args.wait_free)))
+    try:
+        print(json.dumps(report(args.port, file_facts(args.files, os.getcwd()), cards,
+                                args.wait_free, _stdin_closed() if args.wait_free > 0 else lambda: False)))
+    except WaitStopped:
+        sys.exit(1)
+
+
+def _stdin_closed() -> Callable[[], bool]:
+    """Whether standard input has ended, read by a thread from now on."""
+    closed = threading.Event()
+
+    def read_to_the_end() -> None:
+        while os.read(sys.stdin.fileno(), 4096):
+            pass
+        closed.set()
+
+    threading.Thread(target=read_to_the_end, daemon=True).start()
+    return closed.is_set
 
 
 if __name__ == "__main__":

@@ -246,6 +246,10 @@ class HeldStopSignals:
         if signum is not None:
             signal.raise_signal(signal.Signals(signum))
 
+    def pending(self) -> bool:
+        """Whether a stop signal came (it stays held)."""
+        return bool(self._received)
+
     def take(self) -> Optional[int]:
         """The first stop signal held (None: none came); every one held is forgotten."""
         received, self._received = self._received, []

@@ -4,16 +4,19 @@ holding the fake device nodes."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import (
     RANK_SCRIPTS,
     TESTS,
+    assert_no_job_processes,
     assert_one_line_error,
     fake_devfs,
     initialised,
@@ -136,6 +139,58 @@ def test_a_card_never_let_go_is_reported_held(host: dict) -> None:
     finally:
         proc.stdin.close()
         proc.wait()
+
+
+def test_a_stop_signal_ends_the_wait_for_held_cards_at_once(host: dict, weird_tmp: Path) -> None:
+    """As above, but ``--card-free-timeout 600`` and SIGTERM once the re-check waits: the job
+    ends then, as a stop signal between attempts does (exit 143, nothing was running), not
+    after the wait and its verdict; nothing of the job is left."""
+    logs, err_path = weird_tmp / "logs", weird_tmp / "err.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(npu_launch_argv(
+            "--device", "npu", "--max-restarts", "1", "--restart-backoff", "0", "--job-id",
+            "held-card-stop", "--card-free-timeout", "600", "--log-dir", str(logs),
+            str(RANK_SCRIPTS / "plain_job.py"), "--sleep-after-init", "3",
+            "--fail-at-attempt", "0:1"), env=host, stdout=subprocess.DEVNULL, stderr=err)
+    holder = None
+    try:
+        wait_for(lambda: initialised(logs, range(2)) or proc.poll() is not None, "2 ranks up")
+        holder = _holder(f"{host['NPU_LAUNCH_DEVFS']}/davinci1")
+        wait_for(lambda: "before the restart (waiting up to 600 s" in err_path.read_text()
+                 or proc.poll() is not None, "the re-check waiting for card 1")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)  # a wait not cut short would still be waiting: 600 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait()
+    said = err_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
+    assert "job held-card-stop stopped by SIGTERM while waiting to restart" in said, said[-3000:]
+    assert "not restarted" not in said and "restart 1 of 1" in said
+    assert_no_job_processes("held-card-stop")
+
+
+def test_the_probe_waiting_for_a_card_ends_when_its_input_does(host: dict) -> None:
+    """The probe node 0 runs over ssh for a re-check: while it waits for a held card, the end
+    of its standard input (node 0 stopped and closed its ssh) ends it, with no answer."""
+    holder = _holder(f"{host['NPU_LAUNCH_DEVFS']}/davinci0")
+    try:
+        probe = subprocess.Popen([sys.executable, "-m", "launcher.cluster.probe", "--check-cards",
+                                  "0", "--wait-free", "600"], env=host, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        wait_for(lambda: psutil.Process(probe.pid).num_threads() >= 2,
+                 "the probe reading its input as it waits")
+        assert probe.poll() is None, "it waits for card 0"
+        probe.stdin.close()
+        probe.wait(timeout=300)  # not cut short, it would wait 600 s
+        out = probe.stdout.read()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert (probe.returncode, out) == (1, "")
 
 
 def test_a_host_without_the_tools_skips_and_says_which(host: dict) -> None:

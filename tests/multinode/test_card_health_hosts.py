@@ -15,6 +15,7 @@ the device nodes plain files; the processes that hold them are real.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,48 @@ def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory
     assert attempts[1]["started_at"] > let_go > attempts[0]["ended_at"], (let_go, attempts)
     assert len(set(checksums(out).values())) == 1
     assert_no_job_processes(cluster, job)
+
+
+def test_a_stop_signal_while_a_host_waits_for_a_held_card_ends_the_job_and_its_probe(
+        cards, tmp_path_factory) -> None:
+    """As above, but the stray never lets go within ``--card-free-timeout 600``, and node 0's
+    launcher gets SIGTERM while the probe waits on the other host: the job ends at once (exit
+    143, as between attempts), node 0 closes the probe's ssh, and the probe there ends too."""
+    cluster = cards
+    work = tmp_path_factory.mktemp("held-stop")
+    write_hostfile(work, cluster, slots=1)
+    job_dir(cluster, work, scripts=(JOB,))
+    a, b = cluster.names
+    job = "cards-held-stop"
+    proc = launch_on(cluster, a, _args(cluster, work, job, "--max-restarts", "1",
+                                       "--restart-backoff", "0", "--card-free-timeout", "600",
+                                       JOB, "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
+                     cwd=work, env=node0_env(cluster))
+    stray = None
+    try:
+        wait_for(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
+                 f"{job}: 2 ranks initialised", 180, every=0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        stray = cluster.popen_on(b, hold_card_argv(0, 3600, "/tmp/npl-ascend/let-go-never"))
+        wait_for(lambda: _probes_waiting(cluster, b) or proc.poll() is not None,
+                 f"the re-check's probe waiting on {b}", 180, every=0.5)
+        proc.send_signal(signal.SIGTERM)  # inside node 0, to the launcher itself
+        _, err = proc.communicate(timeout=300)  # a wait not cut short would take 600 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stray is not None:
+            stray.kill()
+    assert proc.returncode == 143, err[-4000:]
+    assert f"job {job} stopped by SIGTERM while waiting to restart" in err, err[-4000:]
+    assert _probes_waiting(cluster, b) == [], "the probe outlived the job"
+    assert_no_job_processes(cluster, job)
+
+
+def _probes_waiting(cluster, host: str) -> list[str]:
+    """The re-check probes running on ``host`` (``launcher.cluster.probe --wait-free``)."""
+    return [" ".join(p["cmdline"]) for p in cluster.processes(host)
+            if "launcher.cluster.probe" in p["cmdline"] and "--wait-free" in p["cmdline"]]
 
 
 def test_an_a3_host_is_checked_per_die_and_an_unknown_layout_is_skipped(ssh_cluster, tmp_path_factory) -> None:
