@@ -9,8 +9,9 @@ The rules, in the order they apply (``launcher.run.restarts`` holds each one):
 * a failure before start-up (``launch._started_up``) is not restarted, and one line says why
   (``NOT_STARTED_UP``, ``restarts.not_restarted``);
 * the same failure twice in a row with nothing newer stops the job with exit 93
-  (``CANNOT_HELP``, ``restarts.cannot_help``), unless a host is to be left out (``--min-nodes``:
-  without it the next attempt differs, and may get further);
+  (``CANNOT_HELP``, ``restarts.cannot_help``), unless the host that caused both leaves
+  (``--min-nodes``: without it the next attempt differs, and may get further; one that must stay,
+  its line says why, makes the same attempt again);
 * otherwise the job restarts. The restart is announced and the blamed host's cards re-checked
   first (``CHECK_CARDS``): the re-check is a side effect (it waits up to ``--card-free-timeout``
   for a held card), so the launcher makes it and decides again with its verdict
@@ -177,11 +178,15 @@ def decide(end: AttemptEnd, policy: Policy, history: BlameHistory, shape: JobSha
                                dataclasses.replace(result, message=f"{result.message}\n{line}".lstrip()))
     blamed = (*history.blamed, end.blamed)
     leaving = host_to_leave_out(blamed, shape.hosts, policy.min_nodes)
-    # Without the host that caused both failures the next attempt differs: it may help.
-    if leaving is None and history.last is not None and cannot_help(history.last, end.point):
-        return RestartDecision(Decision.CANNOT_HELP, stop_restarting(result, end.point.told(history.last)))
     going = RestartDecision(Decision.RESTART, result, attempt=again, wait_s=policy.wait_before(again),
                             history=BlameHistory(blamed, end.point))
+    if history.last is not None and cannot_help(history.last, end.point):
+        # Without the host that caused both failures the next attempt differs: it may help. A
+        # host that cannot leave (the batch, the layout) makes the same attempt again: it cannot.
+        left = _leave_out(going, leaving, None, shape, policy) if leaving and shape.without else None
+        if left is None or left.kind is Decision.STAY:
+            return RestartDecision(Decision.CANNOT_HELP, stop_restarting(result, end.point.told(history.last)),
+                                   left.lines if left else ())
     if cards is None:
         return dataclasses.replace(going, kind=Decision.CHECK_CARDS, host=end.blamed,
                                    lines=(_restart_line(end, policy, going), *end.likely))

@@ -105,14 +105,21 @@ CASES = [
      Policy(3, 1.0, 60.0, min_nodes=2), _history("b"), _shape(), CARDS_FIT, Decision.RESTART, None, 1, ""),
     ("blamed twice, too few hosts left, the same failure", _end(),
      Policy(3, 1.0, 60.0, min_nodes=2), _history("b"), _shape(), CARDS_FIT, Decision.CANNOT_HELP, None, 93, ""),
-    ("blamed twice, the batch does not split", _end(), MIN_NODES, _history("b"), THREE_HOSTS,
+    ("blamed twice, the batch does not split", _end(where=("step", 60)), MIN_NODES, _history("b"), THREE_HOSTS,
      CARDS_FIT, Decision.STAY, "b", 1,
      "npu-launch: b caused the last 2 failures but stays in the job: the global batch of 18 (over 6 ranks) "
      "does not split over 4 ranks"),
-    ("blamed twice, the layout cannot go on", _end(), MIN_NODES, _history("b"), _shape(without="layout"), CARDS_FIT,
-     Decision.STAY, "b", 1, "npu-launch: b caused the last 2 failures but stays in the job: the layout (mode semi"),
-    ("blamed twice, no Job.without", _end(), MIN_NODES, _history("b"), _shape(without=None), CARDS_FIT,
-     Decision.RESTART, None, 1, ""),
+    ("blamed twice, it stays, the same failure", _end(), MIN_NODES, _history("b"), THREE_HOSTS, CARDS_FIT,
+     Decision.CANNOT_HELP, None, 93, "npu-launch: b caused the last 2 failures but stays in the job: the global"),
+    ("blamed twice, the layout cannot go on", _end(where=("step", 60)), MIN_NODES, _history("b"),
+     _shape(without="layout"), CARDS_FIT, Decision.STAY, "b", 1,
+     "npu-launch: b caused the last 2 failures but stays in the job: the layout (mode semi"),
+    ("blamed twice, the layout cannot go on, the same failure", _end(), MIN_NODES, _history("b"),
+     _shape(without="layout"), CARDS_FIT, Decision.CANNOT_HELP, None, 93, "a restart cannot help (exit 93)"),
+    ("blamed twice, no Job.without", _end(where=("step", 60)), MIN_NODES, _history("b"), _shape(without=None),
+     CARDS_FIT, Decision.RESTART, None, 1, ""),
+    ("blamed twice, no Job.without, the same failure", _end(), MIN_NODES, _history("b"), _shape(without=None),
+     CARDS_FIT, Decision.CANNOT_HELP, None, 93, "a restart cannot help (exit 93)"),
     ("blamed once each, two hosts", _end(where=("step", 60)), MIN_NODES, _history("a"), _shape(), CARDS_FIT,
      Decision.RESTART, None, 1, ""),
     ("a bad card, its host can leave", _end(attempt=0), MIN_NODES, _history(), _shape(),
@@ -165,7 +172,7 @@ def test_leaving_a_host_out_starts_a_new_blame_history_and_asks_the_job_without_
         asked.append(host)
         return GoesOn(1, 2)
     shape = JobShape("j", ("a", "b"), 4, {"a": 2, "b": 2}, 64, without)
-    end = _end()
+    end = _end(where=("step", 60))  # not the same failure: the job without b is not needed yet
     first = decide(end, MIN_NODES, _history("b"), shape)
     assert first.kind is Decision.CHECK_CARDS and asked == [], "asked only once the cards are known"
     left = decide(end, MIN_NODES, _history("b"), shape, CARDS_FIT)
