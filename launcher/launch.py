@@ -158,13 +158,13 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
     history = BlameHistory()
     left_out: tuple[str, ...] = ()
     waited = 0.0
-    while True:
-        attempt = attempts.begin(job.plan)
-        started = time.time()
-        if spares is not None:
-            spares.wanted = job.plan.restart < policy.max_restarts
-        result = attempt.blame(run_job(job, config, environ, console, attempt, err, spares))
-        with HeldStopSignals() as held:  # until the next attempt's watch loop notes them
+    with HeldStopSignals() as held:  # while no attempt's watch loop runs (the next one takes them)
+        while True:
+            attempt = attempts.begin(job.plan)
+            started = time.time()
+            if spares is not None:
+                spares.wanted = job.plan.restart < policy.max_restarts
+            result = attempt.blame(run_job(job, config, environ, console, attempt, err, spares))
             result = diagnosed(result, job.plan, started)
             plan = job.plan
             attempts.monitor.attempt_ended(AttemptRecord.of(
@@ -192,9 +192,9 @@ def _attempts(job: Job, config: LaunchConfig, environ: Mapping[str, str], consol
             signum = held.take() or wait_unless_signalled(waited)
             if signum is not None:
                 return _stopped_waiting(result, plan.job_id, signum)
-        plan = job.plan.restarted(decision.attempt, resume)
-        saved = newest_paths(plan, attempts.saves) if attempts.saves is not None else {}
-        job = dataclasses.replace(job, plan=with_checkpoints(plan, saved))
+            plan = job.plan.restarted(decision.attempt, resume)
+            saved = newest_paths(plan, attempts.saves) if attempts.saves is not None else {}
+            job = dataclasses.replace(job, plan=with_checkpoints(plan, saved))
 
 
 def _end_of(attempt: "Attempt", plan: LaunchPlan, policy: Policy, result: JobResult) -> AttemptEnd:

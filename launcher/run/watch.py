@@ -128,6 +128,9 @@ class Watch:
     def run(self) -> JobResult:
         started = time.time()
         previous = self._install_signal_handlers()
+        signum = HeldStopSignals.take_from(previous)  # one that came before this loop began
+        if signum is not None:
+            self._note_stop(signum)
         try:
             self._source.start(self._group, self._wake)
             outcome = self._loop()
@@ -226,11 +229,12 @@ def restore_signal_handlers(previous: SignalHandlers) -> None:
 
 
 class HeldStopSignals:
-    """Stop signals held from one attempt's end until the restart loop has decided what follows
-    and waited out the backoff (``launch._attempts``): no watch loop notes them then, and by
-    default SIGTERM would kill npu-launch before it writes ``summary.json`` or says why it
-    stopped. One that came is ``take``n by the loop and acted on; one the loop did not take is
-    delivered again as the handlers before are put back, as it would have been."""
+    """Stop signals held while the restart loop runs but no watch loop does (``launch._attempts``:
+    from one attempt's end through the decision and the backoff, and while the next attempt is
+    made ready), when by default SIGTERM would kill npu-launch before it writes ``summary.json``
+    or says why it stopped. One that came is ``take``n by the loop and acted on, or by the next
+    ``Watch`` as it starts (``take_from``), which then stops its attempt at once; one nobody took
+    is delivered again as the handlers before are put back, as it would have been."""
 
     def __init__(self) -> None:
         self._received: list[int] = []
@@ -257,6 +261,16 @@ class HeldStopSignals:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._received.append(signum)  # no lock here: see ``Watch._on_signal``
+
+    @staticmethod
+    def take_from(handlers: "SignalHandlers") -> Optional[int]:
+        """What the ``HeldStopSignals`` whose handler is among ``handlers`` (those a watch loop
+        replaced as it began) held: the first stop signal, taken; None when there was none."""
+        for handler in handlers.values():
+            held = getattr(handler, "__self__", None)
+            if isinstance(held, HeldStopSignals):
+                return held.take()
+        return None
 
 
 def wait_unless_signalled(seconds: float) -> Optional[int]:

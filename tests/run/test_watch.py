@@ -22,7 +22,7 @@ from launcher.hangs.stalls import HANG_EXIT_CODE, Stall
 from launcher.plan.launch_plan import LaunchPlan, StartMode, Timeouts
 from launcher.run.failures import JobResult, Outcome
 from launcher.run.process import Exit
-from launcher.run.watch import Watch
+from launcher.run.watch import HeldStopSignals, Watch
 
 
 def _plan() -> LaunchPlan:
@@ -132,6 +132,22 @@ def test_a_real_signal_to_the_launcher_is_a_stop_request() -> None:
     result = watch.run()
     assert result.exit_code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before, "the handlers are put back"
+
+
+def test_a_stop_signal_held_before_the_loop_began_stops_it_at_once() -> None:
+    """The restart loop holds stop signals while no watch loop runs (``HeldStopSignals``), the
+    next attempt's preparation included: the watch loop that starts next takes one that came,
+    and its job ends as interrupted at its first check; after it the hold is back."""
+    source = FakeSource(Outcome.SUCCEEDED, checks=50)  # not taken: it would succeed
+    watch, _ = _watch(source)
+    with HeldStopSignals() as held:
+        signal.raise_signal(signal.SIGTERM)  # as the next attempt is made ready
+        result = watch.run()
+        assert (result.outcome, result.exit_code) == (Outcome.INTERRUPTED, 128 + signal.SIGTERM)
+        assert source.calls[:2] == ["start", "before_close interrupted"], "at the first look"
+        assert held.take() is None, "taken by the loop"
+        signal.raise_signal(signal.SIGHUP)
+        assert held.take() == signal.SIGHUP, "held again once the loop ended"
 
 
 _SIGNALLED_HOLDING_THE_WAKE_LOCK = """
