@@ -215,6 +215,8 @@ class JobSummary:
         return summary, fields.read
 
 
+# The command -----------------------------------------------------------------------------------
+
 @dataclasses.dataclass(frozen=True)
 class JobFiles:
     """What a log directory held, read: the summary, the ranks' events in metrics.jsonl and

@@ -4,9 +4,9 @@ The per-rank state lives in ``launcher.observe.job_state``, the table and lines 
 
 Node 0's ``Attempt`` (``launcher.attempt``) hands every rank event to ``JobMonitor.on_event``
 (local ranks from their events files, remote ranks as their agents send them) and the watch
-loop calls ``tick`` about every 20 ms. The monitor
-appends each record to ``<log_dir>/metrics.jsonl``, folds it into per-rank state and, at the end,
-writes ``<log_dir>/summary.json``.
+loop calls ``tick`` about every 20 ms. The monitor appends each record to
+``<log_dir>/metrics.jsonl``, folds it into per-rank state and, at the end, writes
+``<log_dir>/summary.json``.
 
 Status display. On a terminal (``live``) the table sits in the bottom rows of the screen, below a
 scroll region (DECSTBM, as apt's progress bar does) that holds everything else: rank lines scroll
