@@ -3,7 +3,9 @@
 ``npu-launch diagnose`` takes any log directory or file: npu-launch's own (``rank_N.log``,
 ``ascend/rank_N/``), msrun's (``worker_N.log``, ``scheduler.log``), torchrun's
 (``attempt_K/N/stderr.log``), Slurm's output files, CANN's plog folders. A file's rank is read
-from its path; a file of no known rank is diagnosed on its own.
+from its path; a file of no known rank is diagnosed on its own. In npu-launch's own log
+directory each rank's host is read from the plan it keeps there (``plan.json``), so that
+``npu-launch diagnose`` names ranks as the job's failure block did (``rank 3 on node2``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ import re
 import stat
 from typing import Iterator, Optional, Sequence
 
+from launcher.limits import MAX_RANK_TABLE_BYTES
+from parallel.record_fields import JsonObject
+from rank_tables.bounded import parse_json, read_text
+
 MAX_FILES = 100_000
+PLAN_FILE = "plan.json"
+"""What npu-launch leaves in its log directory: the plan its ranks ran (``launch._write_plan``)."""
 _SKIPPED_NAMES = re.compile(r"\.(json|jsonl|png|jpg|gz|tar|zip|ckpt|safetensors|npy|pb|om|so)$")
 _RANK_IN_PATH = (re.compile(r"(?:^|[/_.-])(?:rank|worker)[_-]?(\d+)(?=[/_.-]|$)"),
                  re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))
@@ -44,13 +52,31 @@ def collect(paths: Sequence[str], notes: list[str]) -> list[LogFile]:
     seen: set[tuple[int, int]] = set()
     files: list[LogFile] = []
     for path in paths:
+        hosts = plan_hosts(path) if os.path.isdir(path) else {}
         for found in _walk(path, seen, notes):
             if len(files) >= MAX_FILES:
                 notes.append(f"more than {MAX_FILES} files: the rest skipped")
                 return files
-            files.append(LogFile(found, rank_of(os.path.relpath(found, path)
-                                                if os.path.isdir(path) else found)))
+            rank = rank_of(os.path.relpath(found, path) if os.path.isdir(path) else found)
+            files.append(LogFile(found, rank, hosts.get(rank) if rank is not None else None))
     return files
+
+
+def plan_hosts(folder: str) -> dict[int, str]:
+    """Each rank's host, as the ``plan.json`` of an npu-launch log directory names it; none when
+    there is none, or it cannot be read (the folder may hold anything)."""
+    try:
+        plan = JsonObject.of(parse_json(read_text(os.path.join(folder, PLAN_FILE),
+                                                  MAX_RANK_TABLE_BYTES, "plan"), PLAN_FILE))
+    except (OSError, ValueError):  # UnreadableFile, NotUtf8 among them
+        return {}
+    hosts = {}
+    for spec in (plan.items("ranks") or ()) if plan else ():
+        entry = JsonObject.of(spec)
+        rank, host = (entry.whole("rank"), entry.text("host")) if entry else (None, None)
+        if rank is not None and host:
+            hosts[rank] = host
+    return hosts
 
 
 def _walk(path: str, seen: set[tuple[int, int]], notes: list[str]) -> Iterator[str]:

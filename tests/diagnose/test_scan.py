@@ -38,6 +38,24 @@ def test_the_cause_comes_first_and_peers_timeouts_follow(tmp_path):
     assert {f["consequence_of"] for f in found[1:]} == {3}
 
 
+def test_npu_launchs_log_dir_names_each_ranks_host_from_its_plan(tmp_path):
+    """As the job's own failure block does: ``rank 3 on node2``, the host from ``plan.json``;
+    a plan that cannot be read (not JSON, a host that is no text) names no host, and no error."""
+    logs = tmp_path / "logs"
+    _write(logs / "rank_3.log", OOM + "\n")
+    _write(logs / "rank_0.log", EI0006 + "\n")
+    plan = {"job_id": "j", "ranks": [{"rank": 0, "host": "node1"}, {"rank": 3, "host": "node2"}]}
+    _write(logs / "plan.json", json.dumps(plan))
+    line = diagnose_paths([str(logs)]).block()[0]
+    assert line.startswith("npu-launch: likely cause: rank 3 on node2 ran out of device memory"), line
+    assert "rank 0 on node1 timed out" in line, line
+    for bad in ("{not json", json.dumps({"ranks": [{"rank": 3, "host": 7}, "x", {"rank": "3"}]}),
+                json.dumps([1, 2])):
+        _write(logs / "plan.json", bad)
+        line = diagnose_paths([str(logs)]).block()[0]
+        assert line.startswith("npu-launch: likely cause: rank 3 ran out of device memory"), line
+
+
 def test_a_blamed_ranks_timeout_never_hides_another_ranks_own_fault(tmp_path):
     _write(tmp_path / "worker_0.log", EI0006 + "\n")
     _write(tmp_path / "worker_1.log", "EJ0001: Failed to initialize the HCCP process.\n")
