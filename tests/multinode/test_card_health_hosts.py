@@ -95,20 +95,27 @@ def test_a_host_without_tools_is_named_once(cards, tmp_path_factory) -> None:
                     "link, network health, device IP: no hccn_tool)"], result.stderr
 
 
+def _failing_once(cluster, work: Path, job: str, *extra: str):
+    """A job of one rank per host whose rank 1 fails in attempt 0 (after 4 s), restarted once
+    with no backoff: started on node 0 and waited for until both ranks initialised."""
+    write_hostfile(work, cluster, slots=1)
+    job_dir(cluster, work, scripts=(JOB,))
+    proc = launch_on(cluster, cluster.names[0],
+                     _args(cluster, work, job, "--max-restarts", "1", "--restart-backoff", "0",
+                           *extra, JOB, "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
+                     cwd=work, env=node0_env(cluster))
+    wait_for(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
+             f"{job}: 2 ranks initialised", 180, every=0.5)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    return proc
+
+
 def test_a_held_card_delays_the_restart_until_it_is_free(cards, tmp_path_factory) -> None:
     cluster = cards
     work = tmp_path_factory.mktemp("held")
-    write_hostfile(work, cluster, slots=1)
-    job_dir(cluster, work, scripts=(JOB,))
     a, b = cluster.names
     job = "cards-held"
-    proc = launch_on(cluster, a, _args(cluster, work, job, "--max-restarts", "1",
-                                       "--restart-backoff", "0", JOB,
-                                       "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
-                     cwd=work, env=node0_env(cluster))
-    wait_for(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
-                f"{job}: 2 ranks initialised", 180, every=0.5)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc = _failing_once(cluster, work, job)
     stamp = "/tmp/npl-ascend/let-go"
     stray = cluster.popen_on(b, hold_card_argv(0, 8, stamp))  # not the job's: a stray
     out, err = proc.communicate(timeout=300)
@@ -132,19 +139,11 @@ def test_a_stop_signal_while_a_host_waits_for_a_held_card_ends_the_job_and_its_p
     143, as between attempts), node 0 closes the probe's ssh, and the probe there ends too."""
     cluster = cards
     work = tmp_path_factory.mktemp("held-stop")
-    write_hostfile(work, cluster, slots=1)
-    job_dir(cluster, work, scripts=(JOB,))
     a, b = cluster.names
     job = "cards-held-stop"
-    proc = launch_on(cluster, a, _args(cluster, work, job, "--max-restarts", "1",
-                                       "--restart-backoff", "0", "--card-free-timeout", "600",
-                                       JOB, "--sleep-after-init", "4", "--fail-at-attempt", "0:1"),
-                     cwd=work, env=node0_env(cluster))
+    proc = _failing_once(cluster, work, job, "--card-free-timeout", "600")
     stray = None
     try:
-        wait_for(lambda: initialised(cluster, work / job, range(2)) or proc.poll() is not None,
-                 f"{job}: 2 ranks initialised", 180, every=0.5)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
         stray = cluster.popen_on(b, hold_card_argv(0, 3600, "/tmp/npl-ascend/let-go-never"))
         wait_for(lambda: _probes_waiting(cluster, b) or proc.poll() is not None,
                  f"the re-check's probe waiting on {b}", 180, every=0.5)
