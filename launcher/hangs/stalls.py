@@ -25,8 +25,11 @@ sends them to node 0 as ``stack`` events, and ``judge`` names the hang (``HangCh
 whose main thread is anywhere but inside the framework (user code, a sleep, a data loader) is
 the one that hangs, frozen where it is; without stacks, the one not inside a top-level call
 while the others are, or the one whose count is behind. Ranks that all wait inside the
-framework with nobody standing out are a hang too (a lost collective), named as such; ranks
-that are all outside it wait on nobody, and are left alone.
+framework with nobody standing out are a hang too (a lost collective), named as such, or, when
+a rank's script ended, as that rank leaving the job's collectives early; the end of a script is
+the job's progress too, so the ranks still in it are judged only a limit after it (they may be
+finishing the very steps it finished). Ranks that are all outside it wait on nobody, and are
+left alone.
 
 A rank that fails with a communication timeout after another stopped making progress is the
 victim: ``stalled_before`` names the stalled one as the root cause (``launch`` rewrites the
@@ -271,7 +274,9 @@ class HangCheck:
     def _check(self, states: list[Progress], now: float) -> Optional[Stall]:
         self._on_busy(busy_alone(states, now, self.limits))
         live = [s for s in states if not s.done and s.progress.since is not None]
-        if not live or not all(self.limits.frozen(s.progress, now) for s in live):
+        ended = [s for s in states if s.progress.script_ended]
+        if not live or not all(self.limits.frozen(s.progress, now) for s in live) \
+                or _just_ended(ended, live, now, self.limits):
             self._due = None
             return None
         self._due = self._due or now
@@ -281,7 +286,6 @@ class HangCheck:
                 and now - self._due < _EVIDENCE_WAIT:
             return None
         stall = judge(live, fresh, now, self.limits)
-        ended = [s for s in states if s.progress.script_ended]
         if stall.rank is None and stall.waiting and ended:
             return left_early(stall, ended)
         if stall.rank is None and not stall.waiting:
@@ -289,6 +293,16 @@ class HangCheck:
             self._due, self._next_check = None, now + self.limits.quiet
             return None
         return stall
+
+
+def _just_ended(ended: Sequence[Progress], live: Sequence[Progress], now: float,
+                limits: Limits) -> bool:
+    """Whether a rank's script ended less than a limit ago: its last steps were the job's
+    progress, and the ranks still in it may be finishing the same steps, their progress not yet
+    told (a rank reports at most twice a second, and one that waited on a peer busy alone
+    reports nothing until its step is over). They are judged a limit after the last end."""
+    last = max((s.progress.script_ended_at or 0.0 for s in ended), default=None)
+    return last is not None and any(now - last <= limits.of(s.progress) for s in live)
 
 
 def left_early(stall: Stall, ended: Sequence[Progress]) -> Stall:

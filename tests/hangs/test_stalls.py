@@ -219,6 +219,27 @@ def test_a_rank_whose_script_ended_while_the_others_wait_in_a_step_is_the_cause(
                     "it left the job's collectives early (fewer batches than its peers?)"), head
 
 
+def test_a_rank_that_ends_its_script_is_progress_for_the_ranks_finishing_the_same_steps() -> None:
+    """Rank 0 waited inside a step for 6 s on rank 1, which was busy alone (alive, read by its
+    supervisor); rank 1 then ran the last steps and ended its script at 15.0. Rank 0 ran them as
+    well, but its progress is not told yet (at most twice a second, later under load): it is no
+    rank left behind until a limit after rank 1's end; then it is."""
+    now = [15.2]
+    states = stepping(2, until=9.0)
+    see(states[0], contract.EVENT_PROGRESS, 9.1, count=5, busy=True, loads=0)
+    see(states[1], contract.EVENT_PROGRESS, 14.9, count=9, busy=False, loads=0)
+    see(states[1], contract.EVENT_EXITING, 15.0, clean=True)
+    check = HangCheck(lambda: states, LIMITS, clock=lambda: now[0])
+    check.sample(StackSample(0, IN_MINDSPORE))
+    assert check() is None
+    now[0] = 24.9
+    check.sample(StackSample(0, IN_MINDSPORE))
+    assert check() is None, "judged 9.9 s after rank 1 ended, with a limit of 10 s"
+    now[0] = 25.5
+    check.sample(StackSample(0, IN_MINDSPORE))
+    stall = check()
+    assert stall is not None and (stall.rank, stall.waiting, stall.left) == (1, (0,), True)
+
 def test_the_stalled_rank_not_its_timed_out_peer_is_the_cause() -> None:
     states = stepping(2, until=5.0)
     see(states[0], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
