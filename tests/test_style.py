@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 
@@ -21,17 +22,22 @@ def test_ruff() -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
-def test_mypy() -> None:
-    result = _run("mypy", "--no-incremental", "--cache-dir", "/dev/null")
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-
-
-def test_the_launcher_reads_records_typed_past_the_edge() -> None:
-    """No ``.get(`` on a plain dict (untyped values: a record read by field name) outside the
-    edge readers (tests/typed_reads.py names them and says how the types are found)."""
+@pytest.fixture(scope="module")
+def mypy_build() -> dict:
+    """One mypy build of the tree (``tests/typed_reads.py``): its errors and its ``.get(`` reads."""
     result = _run("tests.typed_reads")
     assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_mypy(mypy_build: dict) -> None:
+    assert mypy_build["errors"] == [], "\n".join(mypy_build["errors"])
+
+
+def test_the_launcher_reads_records_typed_past_the_edge(mypy_build: dict) -> None:
+    """No ``.get(`` on a plain dict (untyped values: a record read by field name) outside the
+    edge readers (tests/typed_reads.py names them and says how the types are found)."""
+    found = mypy_build
     assert found["untyped"] == [], f"mypy gave these receivers no type: {found['untyped']}"
     # The check sees: the edge readers' own reads are found, as are the typed maps' lookups.
     assert len(found["edge"]) >= 5 and found["typed"] >= 50, found

@@ -1,6 +1,8 @@
 """Where ``launcher/`` reads a plain dict with ``.get(``, found by mypy's types: run as a script
 from the repository's root (mypy reads its settings from pyproject.toml there), it prints one
-JSON object, ``{"outside": [...], "edge": [...], "typed": N, "untyped": [...]}``.
+JSON object, ``{"outside": [...], "edge": [...], "typed": N, "untyped": [...], "errors": [...]}``:
+``errors`` are mypy's own findings over the whole tree, as ``mypy`` run there prints them (one
+build serves both of tests/test_style.py's mypy checks).
 
 A plain dict is one whose values are untyped: ``dict[str, Any]``, a ``Mapping[str, Any]``,
 ``Any`` itself (what ``json.loads`` returns). ``.get(`` on one reads a record by field name, and
@@ -85,7 +87,7 @@ def main() -> None:
                     found["edge"].append(where)
                 else:
                     found["outside"].append(f"{where}: {get_proper_type(receiver)}")
-    json.dump({**found, "typed": typed}, sys.stdout)
+    json.dump({**found, "typed": typed, "errors": result.errors}, sys.stdout)
 
 
 if __name__ == "__main__":
