@@ -38,6 +38,13 @@ DEFAULT_TIMEOUT = 600.0
 """The limit while nothing is learnt yet (no ``--hang-timeout`` given)."""
 
 
+WAIT_MARGIN = 1.0
+"""Seconds short of its limit at which a quiet rank counts as waiting, for what the limits learn
+(``Lessons``): the readers look every half second or so, and a wait on a rank busy alone that
+ends between two looks, a little past the limit, must not be learnt as a step either. At most
+half the limit."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Learnt:
     """What the job has shown so far: the longest quiet interval between two progress events of
@@ -155,10 +162,11 @@ class Limits:
         else its last sign of life (``RankRecord.life``)."""
         return progress.since if self.timeout is not None else progress.life
 
-    def frozen(self, progress: RankRecord, now: float) -> bool:
-        """Whether ``progress``'s rank has not been seen alive (``life``) for its limit."""
-        life = self.life(progress)
-        return life is not None and now - life > self.of(progress)
+    def frozen(self, progress: RankRecord, now: float, margin: float = 0.0) -> bool:
+        """Whether ``progress``'s rank has not been seen alive (``life``) for its limit (less
+        ``margin`` seconds, at most half of it)."""
+        life, limit = self.life(progress), self.of(progress)
+        return life is not None and now - life > limit - min(margin, limit / 2)
 
     def why_for(self, progress: RankRecord) -> str:
         """``why``, or the grace's or a section's limit when that is what ``progress`` had."""
@@ -171,8 +179,9 @@ class Limits:
 
 class Lessons:
     """What the limits learn from the ranks' records as they go, less the intervals that held a
-    wait: a rank frozen past its limit while another lived on (rank 0 saving, evaluating or
-    uploading alone, the others waiting for it in the next collective). They did not step at
+    wait: a rank frozen past its limit (``WAIT_MARGIN`` short of it) while another lived on
+    (rank 0 saving, evaluating or uploading alone, the others waiting for it in the next
+    collective). They did not step at
     that pace, and after an hour's save a limit of 5 hours would name the next hang in hours.
     Each reader of records keeps its own (node 0's ``HangCheck``, each node's ``StallWatch``);
     a new attempt's records start afresh (``begin_attempt``), what was learnt stays."""
@@ -187,7 +196,7 @@ class Lessons:
     def learn(self, limits: Limits, records: Mapping[int, RankRecord], now: float) -> Limits:
         """``limits`` with the intervals ``records`` ended since the last call
         (``RankRecord.recent``) that began after the last wait."""
-        frozen = [limits.frozen(p, now) for p in records.values()]
+        frozen = [limits.frozen(p, now, WAIT_MARGIN) for p in records.values()]
         if any(frozen) and not all(frozen):
             self._busy_at = now
         learnt = Learnt()

@@ -836,6 +836,28 @@ def test_a_spell_busy_alone_teaches_the_limit_nothing_for_any_rank() -> None:
     assert check.limits.learnt.longest == pytest.approx(5.0) and check.limits.quiet == 25.0
 
 
+def test_a_spell_a_little_past_the_limit_ending_between_two_looks_is_not_learnt() -> None:
+    """Limit 10 s; rank 0 writes alone for 10.3 s, rank 1 waits: at the last look before the
+    spell ends (9.8 s into it) rank 1 is not yet past its limit, and at the next both stepped
+    on. It is still no step interval: the limit stays 10 s."""
+    now = [0.0]
+    states = stepping(2, until=1.0, count=1)
+    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
+    last = steps_every(states, 1.5, 0.5, 4)
+    now[0] = last + 0.1
+    assert check() is None and check.limits.quiet == 10.0
+    see(states[1], contract.EVENT_PROGRESS, last, count=states[1].progress.count, busy=True,
+        loads=0)
+    for t in (2.0, 4.0, 6.0, 8.0, 9.6):
+        alive(states[0], last + t, how="io", written=20_000_000)
+        now[0] = last + t + 0.2
+        assert check() is None
+    steps_every(states, last + 10.3, 0.5, 3)
+    now[0] = last + 11.5
+    check()
+    assert max(s.progress.longest for s in states) == pytest.approx(10.3), "the records hold it"
+    assert check.limits.quiet == 10.0, "but the limit did not learn it"
+
 def test_after_the_first_training_step_its_run_judges_until_an_interval_is_seen() -> None:
     """No interval yet (a rank froze at step 3, before a progress event ended one): the first
     training step's run judges, the least of any rank's (rank 1 waited in it for rank 0's
