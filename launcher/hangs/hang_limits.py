@@ -181,8 +181,8 @@ class Lessons:
     """What the limits learn from the ranks' records as they go, less the intervals that held a
     wait: a rank frozen past its limit (``WAIT_MARGIN`` short of it) while another lived on
     (rank 0 saving, evaluating or uploading alone, the others waiting for it in the next
-    collective). They did not step at
-    that pace, and after an hour's save a limit of 5 hours would name the next hang in hours.
+    collective). They did not step at that pace, and after an hour's save a limit of 5 hours
+    would name the next hang in hours.
     Each reader of records keeps its own (node 0's ``HangCheck``, each node's ``StallWatch``);
     a new attempt's records start afresh (``begin_attempt``), what was learnt stays."""
 
