@@ -12,7 +12,6 @@ import re
 from importlib import resources
 from typing import Any, Optional, Sequence
 
-import jsonschema
 import yaml
 
 from launcher.diagnose.keys import fewest, key_of
@@ -90,6 +89,9 @@ class Knowledge:
 
 def parse(text: str, source: str = FAULTS_FILE) -> Knowledge:
     """The knowledge base in ``text``; a ``BadInput`` naming what is wrong."""
+    # Here, not at the top: jsonschema takes 50 ms to import, a sixth of every npu-launch
+    # command's start, and only a log being diagnosed needs the file checked.
+    import jsonschema
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         jsonschema.validate(data, SCHEMA)
