@@ -42,6 +42,10 @@ LEDGER_DIR = "checkpoint_ledger"
 FILES = "files.json"
 STAGING = ".incoming"
 """Under the ledger's folder: uploads still arriving."""
+TOLD_WAIT = 5.0
+"""Seconds an upload of last words waits for node 0 to record their checkpoint event: the
+agent sends the event down its stdout and the file to the payload server at once, and node 0
+reads the agents' lines on its own tick, later on a loaded host."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +102,8 @@ class CheckpointLedger:
         """The newest step an earlier launch into this log directory left complete (the same
         command run again), as its manifest here says; None when there is none."""
         self._lock = threading.Lock()
+        self._told = threading.Condition(self._lock)
+        """Notified as each checkpoint event is recorded (an upload may wait for its own)."""
 
     def record(self, event: Event) -> Optional[Manifest]:
         """Take one ``checkpoint`` event; the step's manifest when this one completed it. A
@@ -113,6 +119,7 @@ class CheckpointLedger:
             ranks = self._steps.setdefault(step, {})
             if event.flag("last_words"):
                 self._standing[step] = event.rank
+                self._told.notify_all()
             for rank, file in files_standing(event, told.file, self._world).items():
                 ranks[rank] = dataclasses.replace(told, file=file)
             files = complete_files({r: rep.file for r, rep in ranks.items()}, self._world)
@@ -204,14 +211,22 @@ class CheckpointLedger:
 
     def accepts(self, upload: Upload) -> bool:
         """A rank whose files node 0 collects, or the file of a step's last words; a step not
-        pruned yet; a size node 0's disk can hold."""
-        with self._lock:
+        pruned yet; a size node 0's disk can hold. Last words may come before node 0 has
+        recorded their event (``TOLD_WAIT``)."""
+        with self._told:
+            self._told.wait_for(lambda: not self._on_its_way(upload), TOLD_WAIT)
             wanted = self._wanted(upload)
         return wanted and upload.size <= _free_bytes(self._log_dir)
 
     def _wanted(self, upload: Upload) -> bool:
         return upload.step >= self._pruned_below and (
             upload.rank in self._collect or self._standing.get(upload.step) == upload.rank)
+
+    def _on_its_way(self, upload: Upload) -> bool:
+        """Not wanted yet, but it may be last words whose event is still on its way: a step not
+        pruned, none older than any node 0 has heard of, and no saver known for it."""
+        return not self._wanted(upload) and upload.step >= self._pruned_below \
+            and upload.step not in self._standing and upload.step >= max(self._steps, default=-1)
 
     def received(self, upload: Upload, path: str, seconds: float) -> bool:
         """Move the checked file at ``path`` to its place; False when its step was pruned

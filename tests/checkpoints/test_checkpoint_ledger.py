@@ -12,15 +12,23 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
+from launcher.checkpoints import ledger as ledger_module
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.resume import MissingCheckpoint, place_for_resume
 from launcher.checkpoints.uploads import Upload
 from parallel.checkpoints.manifest import MANIFEST, Manifest
 from parallel.contract import Event
+
+
+@pytest.fixture(autouse=True)
+def _short_wait(monkeypatch) -> None:
+    """An upload node 0 does not want yet waits at most this long for its event, not 5 s."""
+    monkeypatch.setattr(ledger_module, "TOLD_WAIT", 0.2)
 
 
 def _write(path: Path, data: bytes) -> dict:
@@ -348,3 +356,24 @@ def test_a_new_launch_knows_the_newest_step_an_earlier_one_left_complete(tmp_pat
     assert again.earlier_step == 20
     assert again.complete_steps == [] and again.resume_point() is None, \
         "a restart of this launch is told only of steps this launch saw complete"
+
+
+def test_last_words_that_come_before_their_event_wait_for_it(tmp_path: Path, monkeypatch) -> None:
+    """The agent of rank 1's host sends the last words' event down its stdout and the file to
+    the payload server at once; node 0 may read the event after the file's first bytes come
+    (on a loaded host, seconds later). The upload waits for the event, not refused for good."""
+    monkeypatch.setattr(ledger_module, "TOLD_WAIT", 60.0)
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=True)
+    _both(ledger, tmp_path, 10)
+    upload = Upload(1, 12, "rank_1.ckpt", 15, "0" * 64)
+    answers: list[bool] = []
+    asking = threading.Thread(target=lambda: answers.append(ledger.accepts(upload)))
+    asking.start()
+    asking.join(0.3)
+    assert asking.is_alive() and not answers, "it waits for the event"
+    assert ledger.record(_last_words(1, "b", tmp_path / "b" / "r1.ckpt", b"rank 1 after 12", 12))
+    asking.join(10)
+    assert answers == [True]
+    assert not ledger.accepts(Upload(0, 12, "rank_0.ckpt", 1, "0" * 64)), \
+        "another rank's file of a step whose saver is known: at once"
+
