@@ -376,4 +376,3 @@ def test_last_words_that_come_before_their_event_wait_for_it(tmp_path: Path, mon
     assert answers == [True]
     assert not ledger.accepts(Upload(0, 12, "rank_0.ckpt", 1, "0" * 64)), \
         "another rank's file of a step whose saver is known: at once"
-

@@ -240,6 +240,7 @@ def test_a_rank_that_ends_its_script_is_progress_for_the_ranks_finishing_the_sam
     stall = check()
     assert stall is not None and (stall.rank, stall.waiting, stall.left) == (1, (0,), True)
 
+
 def test_the_stalled_rank_not_its_timed_out_peer_is_the_cause() -> None:
     states = stepping(2, until=5.0)
     see(states[0], contract.EVENT_PROGRESS, 5.2, count=5, busy=True, loads=0)
@@ -857,6 +858,7 @@ def test_a_spell_a_little_past_the_limit_ending_between_two_looks_is_not_learnt(
     check()
     assert max(s.progress.longest for s in states) == pytest.approx(10.3), "the records hold it"
     assert check.limits.quiet == 10.0, "but the limit did not learn it"
+
 
 def test_after_the_first_training_step_its_run_judges_until_an_interval_is_seen() -> None:
     """No interval yet (a rank froze at step 3, before a progress event ended one): the first
