@@ -40,7 +40,7 @@ from launcher.job import Job, make_job
 from launcher.observe.joblock import LogDirLock
 from launcher.observe.monitor import JobMonitor
 from launcher.plan.checkpoint_arg import dry_run_note, newest_paths, with_checkpoints
-from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.launch_plan import PLAN_FILE, LaunchPlan
 from launcher.plan.rank_table_mode import GENERATED_NAME
 from launcher.run import last_words
 from launcher.run.console_lines import RankLines
@@ -369,5 +369,5 @@ def _place_here(plan: LaunchPlan, node_rank: int) -> Optional[JobResult]:
 
 
 def _write_plan(plan: LaunchPlan) -> None:
-    with open(os.path.join(plan.log_dir, "plan.json"), "w") as f:
+    with open(os.path.join(plan.log_dir, PLAN_FILE), "w") as f:
         f.write(plan.to_json())

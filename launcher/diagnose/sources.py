@@ -16,12 +16,11 @@ import stat
 from typing import Iterator, Optional, Sequence
 
 from launcher.limits import MAX_RANK_TABLE_BYTES
+from launcher.plan.launch_plan import PLAN_FILE
 from parallel.record_fields import JsonObject
 from rank_tables.bounded import parse_json, read_text
 
 MAX_FILES = 100_000
-PLAN_FILE = "plan.json"
-"""What npu-launch leaves in its log directory: the plan its ranks ran (``launch._write_plan``)."""
 _SKIPPED_NAMES = re.compile(r"\.(json|jsonl|png|jpg|gz|tar|zip|ckpt|safetensors|npy|pb|om|so)$")
 _RANK_IN_PATH = (re.compile(r"(?:^|[/_.-])(?:rank|worker)[_-]?(\d+)(?=[/_.-]|$)"),
                  re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))

@@ -17,6 +17,10 @@ from launcher.config.devices import Card, DeviceKind
 from launcher.plan.binding import Binding
 from parallel import contract
 
+PLAN_FILE = "plan.json"
+"""In the job's log directory: the plan its ranks ran (``LaunchPlan.to_json``), read back by
+``npu-launch diagnose`` for each rank's host."""
+
 
 class StartMode(str, enum.Enum):
     """How the ranks find each other.

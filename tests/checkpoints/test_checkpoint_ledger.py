@@ -367,7 +367,8 @@ def test_last_words_that_come_before_their_event_wait_for_it(tmp_path: Path, mon
     _both(ledger, tmp_path, 10)
     upload = Upload(1, 12, "rank_1.ckpt", 15, "0" * 64)
     answers: list[bool] = []
-    asking = threading.Thread(target=lambda: answers.append(ledger.accepts(upload)))
+    asking = threading.Thread(target=lambda: answers.append(ledger.accepts(upload)),
+                              daemon=True)  # a failed check leaves nothing waiting 60 s
     asking.start()
     asking.join(0.3)
     assert asking.is_alive() and not answers, "it waits for the event"

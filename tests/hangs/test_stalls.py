@@ -810,18 +810,25 @@ def test_warm_up_calls_then_a_long_compile_at_start_is_no_hang() -> None:
             for s in states] == [(False, 0, 10.0)] * 2, "the first training step ends it"
 
 
-def test_a_spell_busy_alone_teaches_the_limit_nothing_for_any_rank() -> None:
-    """Rank 0 writes alone for 40 s (read alive), rank 1 waits inside its next step: both then
-    step on. Neither interval is learnt, at node 0 or on a node (one ``Lessons`` each): the
-    limit stays that of the steps, and a later long step (no spell) is learnt as usual."""
+def _rank_1_waits_after_steps(waits_at: float) -> tuple[list[float], list[State], HangCheck, float]:
+    """Two ranks that stepped every 0.5 s (the limit learnt: the floor's 10 s), then rank 1
+    inside its next step from ``waits_at`` seconds after the last: (the check's clock, the
+    states, the check, the last step's time)."""
     now = [0.0]
     states = stepping(2, until=1.0, count=1)
     check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
     last = steps_every(states, 1.5, 0.5, 4)
     now[0] = last + 0.1
     assert check() is None and check.limits.quiet == 10.0
-    see(states[1], contract.EVENT_PROGRESS, last + 0.2, count=states[1].progress.count,
+    see(states[1], contract.EVENT_PROGRESS, last + waits_at, count=states[1].progress.count,
         busy=True, loads=0)
+    return now, states, check, last
+
+def test_a_spell_busy_alone_teaches_the_limit_nothing_for_any_rank() -> None:
+    """Rank 0 writes alone for 40 s (read alive), rank 1 waits inside its next step: both then
+    step on. Neither interval is learnt, at node 0 or on a node (one ``Lessons`` each): the
+    limit stays that of the steps, and a later long step (no spell) is learnt as usual."""
+    now, states, check, last = _rank_1_waits_after_steps(waits_at=0.2)
     for t in range(2, 41):
         alive(states[0], last + t, how="io", written=20_000_000)
         now[0] = last + t + 0.5
@@ -841,14 +848,7 @@ def test_a_spell_a_little_past_the_limit_ending_between_two_looks_is_not_learnt(
     """Limit 10 s; rank 0 writes alone for 10.3 s, rank 1 waits: at the last look before the
     spell ends (9.8 s into it) rank 1 is not yet past its limit, and at the next both stepped
     on. It is still no step interval: the limit stays 10 s."""
-    now = [0.0]
-    states = stepping(2, until=1.0, count=1)
-    check = HangCheck(lambda: states, LEARNING, clock=lambda: now[0])
-    last = steps_every(states, 1.5, 0.5, 4)
-    now[0] = last + 0.1
-    assert check() is None and check.limits.quiet == 10.0
-    see(states[1], contract.EVENT_PROGRESS, last, count=states[1].progress.count, busy=True,
-        loads=0)
+    now, states, check, last = _rank_1_waits_after_steps(waits_at=0.0)
     for t in (2.0, 4.0, 6.0, 8.0, 9.6):
         alive(states[0], last + t, how="io", written=20_000_000)
         now[0] = last + t + 0.2
