@@ -4,13 +4,16 @@ without MindSpore, for the launcher-side tests: both ranks report steps as the t
 other rank then either blocks inside step ``--at + 1`` as a replica blocked in the all-reduce
 would (``--rank0 quiet``) or never settles (``--rank0 busy``: a step being applied over and
 over). Its saver writes a small file standing for the state and reports it in a ``checkpoint``
-event marked ``last_words``, as the trainer's does. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
+event marked ``last_words``, as the trainer's does. Step ``--at`` ends with the ranks meeting
+for real, as its all-reduce would (rank 0 listens on MASTER_ADDR:MASTER_PORT): no rank fails
+before the other has completed and reported that step. In a restart (``NPU_LAUNCH_RESTART`` > 0) each rank prints the step it would resume from
 and the manifest beside its file, and exits 0.
 """
 import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -64,6 +67,26 @@ class FileSaver:
         path.unlink()
 
 
+address = (os.environ[contract.MASTER_ADDR], int(os.environ[contract.MASTER_PORT]))
+server = socket.create_server(address) if rank == 0 else None
+
+
+def meet() -> None:
+    """Step ``--at``'s all-reduce: each rank has completed the step once the other's byte came."""
+    if server is not None:
+        peer = server.accept()[0]
+    else:
+        while True:
+            try:
+                peer = socket.create_connection(address)
+                break
+            except OSError:
+                time.sleep(0.05)
+    peer.sendall(b"x")
+    assert peer.recv(1) == b"x"
+    peer.close()
+
+
 events.emit(contract.EVENT_INITIALISED)  # as the rank hook would after init(): restartable
 progress = last_words.Progress.start(DataPosition())
 listener = last_words.Listener.from_environ(rank, lambda: progress, FileSaver())
@@ -75,6 +98,7 @@ for step in range(1, args.at + 1):
     progress = progress.complete(DataPosition(0, step, step), 0.01)
     first = {"saves_on_stop": True, "log_every": 1} if step == 1 else {}
     events.emit(contract.EVENT_STEP, step=step, epoch=0, loss=1.0 / step, **first)
+meet()
 if rank == args.fails and args.hangs:
     events.emit(contract.EVENT_PROGRESS, count=args.at, busy=False, loads=0)
     time.sleep(300)
