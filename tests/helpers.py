@@ -9,7 +9,9 @@ Nothing here imports MindSpore.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import io
 import itertools
 import json
 import os
@@ -26,6 +28,7 @@ from _pytest.mark.expression import Expression
 from hypothesis import strategies as st
 from polling import wait_for  # noqa: F401  (re-exported: the tests' one poll)
 
+from launcher.cli.main import main
 from launcher.run.strays import GUARDIAN_OF
 from parallel import contract
 from parallel.config import ParallelConfig, ParallelMode, ShardPolicy
@@ -51,6 +54,47 @@ def run_launcher(*args: str, cwd: Optional[Path] = None, env: Optional[dict] = N
     """Run npu-launch to the end; a generous timeout only guards the test run itself."""
     return subprocess.run(npu_launch_argv(*args), cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+class HangGuard(BaseException):
+    """Raised in a command ``run_cli_here`` runs that outlived its guard: a ``BaseException``,
+    so that npu-launch's last line of defence (``except Exception``) cannot take it for a bug."""
+
+
+def run_cli_here(*args: str, cwd: Path, env: Optional[Mapping[str, str]] = None,
+                 guard: float = 60.0) -> subprocess.CompletedProcess:
+    """npu-launch's ``main`` run in this process, in ``cwd`` and with ``env`` as its whole
+    environment (this one's when None): the exit code, stdout and stderr a process of it gives,
+    without an interpreter that imports npu-launch each time (about a third of a second a
+    case). Only for input that ends before any process starts: refused input, a dry run,
+    ``report``, ``rank-table``. A launch is processes, and a test of one runs npu-launch as one
+    (``run_launcher``), as do tests of what only a process has (argv bytes, closed descriptors,
+    signals, memory bounds). ``guard``: seconds after which the command is interrupted and the
+    test fails, as a hang (not a speed check)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise HangGuard(f"npu-launch {' '.join(args)[:200]} ran for {guard:g} s")
+
+    cwd_before, env_before = os.getcwd(), dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    os.chdir(cwd)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    signal.setitimer(signal.ITIMER_REAL, guard)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(list(args))
+        raise AssertionError(f"main({list(args)!r}) returned instead of exiting")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.chdir(cwd_before)
+        os.environ.clear()
+        os.environ.update(env_before)
+    return subprocess.CompletedProcess(["npu-launch", *args], code, out.getvalue(), err.getvalue())
 
 
 def start_job(log_dir: Path, job_id: str, script: str, *script_args: str, cards: int = 2,

@@ -1,5 +1,9 @@
 """Bad input of every class issue 10 found: one line naming the problem, exit 2, nothing started
-and no log directory made. Each case runs the real CLI; none of them reaches a rank."""
+and no log directory made. A refusal runs the CLI's ``main`` in this process
+(``helpers.run_cli_here``: the funnel a process of it exits through); what only a process has
+(a standard output it cannot write, a working directory removed under it, a planted bug, the
+environment it was started with) runs npu-launch as a process. None of
+them reaches a rank."""
 from __future__ import annotations
 
 import json
@@ -14,6 +18,7 @@ from helpers import (
     UNWRITABLE_STDOUTS,
     assert_one_line_error,
     npu_launch_argv,
+    run_cli_here,
     run_launcher,
     run_unwritable,
 )
@@ -24,8 +29,8 @@ CPU = ("--device", "cpu")
 
 def _refused(tmp: Path, *args: str, needles: tuple[str, ...] = ()) -> None:
     logs = tmp / "logs"
-    result = run_launcher("--log-dir", str(logs), *args, cwd=tmp) if "--log-dir" not in args \
-        else run_launcher(*args, cwd=tmp)
+    given = args if "--log-dir" in args else ("--log-dir", str(logs), *args)
+    result = run_cli_here(*given, cwd=tmp)
     assert_one_line_error(result, *needles)
     assert "Traceback" not in result.stderr
     assert not logs.exists() and not (tmp / "npu_launch_logs").exists()
@@ -89,7 +94,7 @@ def test_bad_option_is_one_line(tmp_path: Path, args, needles) -> None:
 
 def test_a_preflight_count_is_ascii_digits_too(tmp_path: Path) -> None:
     (tmp_path / "hosts").write_text("n1 slots=1\n")
-    result = run_launcher("preflight", "--hostfile", "hosts", "--nnodes", "1_0", cwd=tmp_path)
+    result = run_cli_here("preflight", "--hostfile", "hosts", "--nnodes", "1_0", cwd=tmp_path)
     assert_one_line_error(result, "--nnodes '1_0': expected a whole number written in digits 0-9")
 
 
@@ -104,12 +109,12 @@ def test_an_empty_or_repeating_host_filter_is_refused(tmp_path: Path, args, need
     (tmp_path / "hosts").write_text("n1 slots=2\nn2 slots=2\n")
     _refused(tmp_path, *CPU, "--hostfile", "hosts", "--no-preflight", "--master-addr", "127.0.0.1",
              "--dry-run", *args, SCRIPT, needles=tuple(needles))
-    result = run_launcher("preflight", "--hostfile", "hosts", *args, cwd=tmp_path)
+    result = run_cli_here("preflight", "--hostfile", "hosts", *args, cwd=tmp_path)
     assert_one_line_error(result, *needles)
 
 
 def test_a_message_is_bounded_and_one_line(tmp_path: Path) -> None:
-    result = run_launcher(*CPU, "--console", "x\n" * 60_000, SCRIPT, cwd=tmp_path)
+    result = run_cli_here(*CPU, "--console", "x\n" * 60_000, SCRIPT, cwd=tmp_path)
     assert_one_line_error(result, "--console")
     assert len(result.stderr) < 600
 
@@ -172,12 +177,12 @@ class TestLogDirectory:
         for name in ("scheduler.log", "worker_0.log", "worker_1.log"):
             (tmp_path / "msrun_log" / name).write_text("msrun's\n")
         for taken in ("empty", "mine", "msrun_log"):
-            result = run_launcher(*CPU, "--dry-run", "--log-dir", taken, SCRIPT, cwd=tmp_path)
+            result = run_cli_here(*CPU, "--dry-run", "--log-dir", taken, SCRIPT, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
 
     def test_a_lock_that_is_a_folder(self, tmp_path: Path) -> None:
         (tmp_path / "logs" / ".npu_launch.lock").mkdir(parents=True)
-        result = run_launcher(*CPU, "--log-dir", str(tmp_path / "logs"), SCRIPT, cwd=tmp_path)
+        result = run_cli_here(*CPU, "--log-dir", str(tmp_path / "logs"), SCRIPT, cwd=tmp_path)
         assert_one_line_error(result, f"log directory {tmp_path / 'logs'}: .npu_launch.lock is a "
                               "folder, not npu-launch's lock file")
         assert [p.name for p in (tmp_path / "logs").iterdir()] == [".npu_launch.lock"]
@@ -258,13 +263,13 @@ class TestConfigFile:
         writer.start()
         _refused(tmp_path, *CPU, "--config", str(fifo), SCRIPT, needles=(f"{fifo}:1: --cards 100",))
         writer.join()
-        result = run_launcher(*CPU, "--config", str(fifo), "--dry-run", SCRIPT, cwd=tmp_path)
+        result = run_cli_here(*CPU, "--config", str(fifo), "--dry-run", SCRIPT, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
 
     def test_dates_and_numbers_are_text_where_text_belongs(self, tmp_path: Path) -> None:
         config = tmp_path / "job.yaml"
         config.write_text("job-id: 2026-12-01\nscript_args: [1, 2.5, x]\n")
-        result = run_launcher(*CPU, "--config", str(config), "--dry-run", SCRIPT, cwd=tmp_path)
+        result = run_cli_here(*CPU, "--config", str(config), "--dry-run", SCRIPT, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert "job 2026-12-01" in result.stdout and "chatty.py 1 2.5 x" in result.stdout
 

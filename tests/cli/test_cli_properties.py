@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import os
 import resource
@@ -38,11 +37,11 @@ from typing import Any, Iterator, Optional
 import psutil
 import pytest
 import yaml
-from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv
+from helpers import RANK_TABLE_EXAMPLES, npu_launch_argv, run_cli_here
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli.main import main, run_command
+from launcher.cli.main import run_command
 
 EXAMPLES = int(os.environ.get("NPU_LAUNCH_PROPERTY_EXAMPLES", "60"))
 MEMORY_BOUND = 1 << 30
@@ -93,40 +92,12 @@ def run_in(workdir: Path, args: list[str], env: Optional[dict[str, str]] = None)
 
 def run_in_process(workdir: Path, args: list[str],
                    env: Optional[dict[str, str]] = None) -> Outcome:
-    """npu-launch's ``main`` in this process, in ``workdir`` and with ``env`` as its environment:
-    its exit code, stdout and stderr as a process of it would give them. Only for inputs that
+    """npu-launch's ``main`` in this process (``helpers.run_cli_here``). Only for inputs that
     end before a job starts (dry runs, ``report``, ``rank-table``): a launch is processes."""
     assert "--dry-run" in args or args[0] in ("report", "rank-table"), args
-    out, err = io.StringIO(), io.StringIO()
-    with _inside(workdir, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = _exit_code(args)
-    return Outcome(code, err.getvalue(), workdir, any(workdir.glob("**/ran-*")), out.getvalue())
-
-
-def _exit_code(args: list[str]) -> int:
-    """The code ``main`` exits with (it always exits: every outcome is a ``SystemExit``)."""
-    try:
-        main(args)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    raise AssertionError(f"main({args!r}) returned instead of exiting")
-
-
-@contextlib.contextmanager
-def _inside(workdir: Path, env: Optional[dict[str, str]]) -> Iterator[None]:
-    """The working directory ``workdir`` and the environment ``env`` (this one's when None),
-    both put back after."""
-    cwd, saved = os.getcwd(), dict(os.environ)
-    os.chdir(workdir)
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(saved)
+    result = run_cli_here(*args, cwd=workdir, env=env, guard=HANG_GUARD)
+    return Outcome(result.returncode, result.stderr, workdir, any(workdir.glob("**/ran-*")),
+                   result.stdout)
 
 
 def assert_contract(outcome: Outcome, one_line: bool = True) -> None:

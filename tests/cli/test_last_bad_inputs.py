@@ -3,8 +3,10 @@ option contradicted by ``--env``, pods with two operators' variables, ``report``
 names and unreadable summaries, a command without what it needs, a script that is not Python,
 a host name for ``--master-addr``, and a scheduler's own ERROR lines in its root-cause block.
 
-Each refusal runs the real CLI: one line, exit 2, no traceback, nothing started (the script
-leaves a marker when it runs) and no log directory made.
+Each refusal runs the CLI's ``main`` in this process (``helpers.run_cli_here``): one line, exit
+2, no traceback, nothing started (the script leaves a marker when it runs) and no log directory
+made. What only a process shows (a command without what it needs, as a shell prints its help;
+limits met on a launch) runs npu-launch as one.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import click
 import pytest
-from helpers import assert_one_line_error, npu_launch_argv, run_launcher
+from helpers import assert_one_line_error, npu_launch_argv, run_cli_here, run_launcher
 
 from launcher import limits
 from launcher.cli.main import msrun_config, run_option_arity
@@ -40,7 +42,7 @@ def _script(folder: Path, text: str = MARKER, name: str = "train.py") -> str:
 
 def _refused(folder: Path, *args: str, needles: tuple[str, ...] = (), env: dict | None = None
              ) -> str:
-    result = run_launcher("--log-dir", str(folder / "logs"), *args, cwd=folder, env=env)
+    result = run_cli_here("--log-dir", str(folder / "logs"), *args, cwd=folder, env=env)
     line = assert_one_line_error(result, *needles)
     assert not (folder / "logs").exists() and not (folder / "npu_launch_logs").exists()
     assert not list(folder.glob("ran-*")), "a refused launch started its script"
@@ -282,8 +284,7 @@ def test_a_slurm_node_list_naming_a_host_twice_is_one_line(tmp_path: Path, nodel
 # npu-launch report on odd inputs -------------------------------------------------------------------
 
 def _report(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(npu_launch_argv("report", *args), cwd=folder, capture_output=True,
-                          text=True, timeout=120)
+    return run_cli_here("report", *args, cwd=folder)
 
 
 def _job_with_steps(folder: Path, message: str = "") -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from helpers import assert_one_line_error, npu_launch_argv
+from helpers import assert_one_line_error, run_cli_here
 
 from launcher.cluster.backends import TransportOptions
 from launcher.cluster.backends.mpi import MpiBackend
@@ -271,14 +271,14 @@ def test_ssh_options_split_like_a_shell_and_end_before_the_host() -> None:
                     "-F", "/a b", "--", "u@node1", "cd -- '/w d' && exec python -c 'print(1)'"]
 
 
-# The real CLI -----------------------------------------------------------------------------------
+# The CLI ------------------------------------------------------------------------------------------
 
 def _cli(tmp_path: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """A dry run of ``args`` through the CLI's ``main`` in this process."""
     script = tmp_path / "script.py"
     script.write_text("print('ran')\n")
-    return subprocess.run(npu_launch_argv("--dry-run", *args, "--device", "cpu", "--cards", "1",
-                                          str(script)),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    return run_cli_here("--dry-run", *args, "--device", "cpu", "--cards", "1", str(script),
+                        cwd=tmp_path, guard=timeout)
 
 
 def _one_line_exit_2(result: subprocess.CompletedProcess, tmp_path: Path, words: str) -> None:
@@ -323,9 +323,8 @@ def test_cli_refuses_bad_filters_and_ssh_options(tmp_path: Path, args: tuple, wo
 
 def test_preflight_command_refuses_a_bad_ssh_option(tmp_path: Path) -> None:
     hostfile = _write(tmp_path, b"node1 slots=2\n")
-    result = subprocess.run(npu_launch_argv("preflight", "--hostfile", str(hostfile),
-                                            "--ssh-option", "-F 'x"),
-                            cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    result = run_cli_here("preflight", "--hostfile", str(hostfile), "--ssh-option", "-F 'x",
+                          cwd=tmp_path)
     _one_line_exit_2(result, tmp_path, "--ssh-option \"-F 'x\": No closing quotation")
 
 

@@ -1,4 +1,4 @@
-"""``npu-launch report`` on hostile log directories, through the real CLI in a subprocess.
+"""``npu-launch report`` on hostile log directories, through the CLI's ``main`` in this process.
 
 The rule: report what can be read and name, one line each, what could not (``skipped
 metrics.jsonl:17: ...``), exit 0; when nothing at all can be read, exit 2 with one line. Never a
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from helpers import npu_launch_argv, sparse, to_dev_zero
+from helpers import run_cli_here, sparse, to_dev_zero
 from test_report import png_size, write_job
 
 from parallel.contract import METRICS_FILE, SUMMARY_FILE
@@ -151,8 +151,8 @@ REPORTED: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
 
 
 def run_report(log_dir: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run(npu_launch_argv("report", str(log_dir), *options), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=log_dir.parent)
+    """``npu-launch report LOG_DIR OPTIONS`` through the CLI's ``main`` in this process."""
+    return run_cli_here("report", str(log_dir), *options, cwd=log_dir.parent, guard=TIMEOUT_S)
 
 
 def assert_in_order(text: str, words: tuple[str, ...]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import GOLDEN, RANK_SCRIPTS, TESTS, assert_one_line_error, run_launcher, wait_for
+from helpers import GOLDEN, RANK_SCRIPTS, TESTS, assert_one_line_error, run_cli_here, run_launcher, wait_for
 from helpers import assert_golden as golden
 
 from launcher.errors import LaunchError
@@ -63,7 +63,7 @@ def detected(case: str, tmp: Path) -> str:
     """The ``detected:`` line and the plan's nodes, master and ranks, as the golden files hold
     them (this host's name, the free port and the table's path written as placeholders)."""
     port = free_port()
-    result = run_launcher("--dry-run", "--json", "--job-id", "pod", "--log-dir",
+    result = run_cli_here("--dry-run", "--json", "--job-id", "pod", "--log-dir",
                           str(tmp / "logs"), str(script(tmp)), cwd=tmp, env=pod_env(case, tmp, port))
     assert result.returncode == 0, result.stderr
     header = [line for line in result.stderr.splitlines() if "detected:" in line]
@@ -94,7 +94,7 @@ def test_what_is_detected_in_each_operators_pod(case: str, weird_tmp: Path) -> N
 
 def test_dry_run_starts_with_the_detected_line(weird_tmp: Path) -> None:
     env = pod_env("ascend_worker_1_of_2", weird_tmp, 0)
-    result = run_launcher("--dry-run", "--job-id", "pod", str(script(weird_tmp)), cwd=weird_tmp,
+    result = run_cli_here("--dry-run", "--job-id", "pod", str(script(weird_tmp)), cwd=weird_tmp,
                           env=env)
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
@@ -108,7 +108,7 @@ def test_outside_a_pod_or_with_an_explicit_launcher_nothing_is_detected(weird_tm
     env = pod_env("ascend_worker_1_of_2", weird_tmp, 0)
     for args, drop in ((["--launcher", "local"], ()), ([], ("KUBERNETES_SERVICE_HOST",))):
         run_env = {k: v for k, v in env.items() if k not in drop}
-        result = run_launcher("--dry-run", *args, str(script(weird_tmp)), cwd=weird_tmp,
+        result = run_cli_here("--dry-run", *args, str(script(weird_tmp)), cwd=weird_tmp,
                               env=run_env)
         assert result.returncode == 0, result.stderr
         assert "detected" not in result.stdout + result.stderr
@@ -141,7 +141,7 @@ def test_outside_a_pod_or_with_an_explicit_launcher_nothing_is_detected(weird_tm
 def test_inconsistent_operator_environment_is_one_line(case: str, change: dict, needles: list,
                                                        weird_tmp: Path) -> None:
     env = {**pod_env(case, weird_tmp, free_port()), **change}
-    result = run_launcher("--dry-run", str(script(weird_tmp)), cwd=weird_tmp, env=env)
+    result = run_cli_here("--dry-run", str(script(weird_tmp)), cwd=weird_tmp, env=env)
     assert_one_line_error(result, *needles)
 
 
@@ -158,13 +158,13 @@ def test_options_that_contradict_the_pod_are_one_line(args: list, needles: list,
                                                       weird_tmp: Path) -> None:
     (weird_tmp / "hosts").write_text("a slots=1\n")
     env = pod_env("ascend_worker_1_of_2", weird_tmp, 0)
-    result = run_launcher("--dry-run", *args, str(script(weird_tmp)), cwd=weird_tmp, env=env)
+    result = run_cli_here("--dry-run", *args, str(script(weird_tmp)), cwd=weird_tmp, env=env)
     assert_one_line_error(result, *needles)
 
 
 def test_options_that_agree_with_the_pod_are_taken(weird_tmp: Path) -> None:
     env = pod_env("ascend_worker_1_of_2", weird_tmp, 0)
-    result = run_launcher("--dry-run", "--cards", "1", "--nnodes", "2", "--node-rank", "1",
+    result = run_cli_here("--dry-run", "--cards", "1", "--nnodes", "2", "--node-rank", "1",
                           "--master-addr", "10.96.12.34", "--master-port", "2222",
                           str(script(weird_tmp)), cwd=weird_tmp, env=env)
     assert result.returncode == 0, result.stderr
@@ -172,11 +172,11 @@ def test_options_that_agree_with_the_pod_are_taken(weird_tmp: Path) -> None:
 
 
 def test_rank_table_timeout_outside_a_pod_is_refused(weird_tmp: Path) -> None:
-    result = run_launcher("--dry-run", "--rank-table-timeout", "5", str(script(weird_tmp)),
+    result = run_cli_here("--dry-run", "--rank-table-timeout", "5", str(script(weird_tmp)),
                           cwd=weird_tmp)
     assert_one_line_error(result, "--rank-table-timeout waits for the rank table of an "
                           "operator's Kubernetes pod; this is none")
-    bad = run_launcher("--dry-run", "--rank-table-timeout", "nan", str(script(weird_tmp)),
+    bad = run_cli_here("--dry-run", "--rank-table-timeout", "nan", str(script(weird_tmp)),
                        cwd=weird_tmp, env=pod_env("ascend_worker_1_of_2", weird_tmp, 0))
     assert_one_line_error(bad, "--rank-table-timeout nan: expected seconds between 0 and")
 

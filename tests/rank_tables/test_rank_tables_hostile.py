@@ -1,4 +1,5 @@
-"""Hostile rank tables and ``rank-table`` options through the real CLI, in a subprocess.
+"""Hostile rank tables and ``rank-table`` options through the CLI's ``main``, in this process
+(``helpers.run_cli_here``; a standard output it cannot write runs npu-launch as a process).
 
 Each bad input must end in exit 2 and one line ``npu-launch: error: ...`` that names the file and
 the place (``line:column`` or the JSON path) or the option, within a few seconds, without a
@@ -14,7 +15,15 @@ from pathlib import Path
 from typing import Callable, Union
 
 import pytest
-from helpers import RANK_TABLE_EXAMPLES, assert_one_line_error, fake_ascend_env, npu_launch_argv, sparse, to_dev_zero
+from helpers import (
+    RANK_TABLE_EXAMPLES,
+    assert_one_line_error,
+    fake_ascend_env,
+    npu_launch_argv,
+    run_cli_here,
+    sparse,
+    to_dev_zero,
+)
 
 TIMEOUT_S = 60
 """Far above the second or so each case takes: only a hang reaches it."""
@@ -130,8 +139,8 @@ def write(path: Path, content: Content) -> Path:
 
 
 def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(npu_launch_argv(*args), cwd=cwd, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    """npu-launch ``args`` with ``env`` over this environment."""
+    return run_cli_here(*args, cwd=cwd, env={**os.environ, **(env or {})}, guard=TIMEOUT_S)
 
 
 def assert_refused(result: subprocess.CompletedProcess, *words: str) -> str:
