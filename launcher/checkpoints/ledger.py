@@ -223,9 +223,11 @@ class CheckpointLedger:
             upload.rank in self._collect or self._standing.get(upload.step) == upload.rank)
 
     def _on_its_way(self, upload: Upload) -> bool:
-        """Not wanted yet, but it may be last words whose event is still on its way: a step not
-        pruned, none older than any node 0 has heard of, and no saver known for it."""
-        return not self._wanted(upload) and upload.step >= self._pruned_below \
+        """Not wanted yet, but it may be last words whose event is still on its way: from a
+        rank of a replicated job (only those save last words), of a step not pruned, none older
+        than any node 0 has heard of, and no saver known for it."""
+        return self._data_parallel and 0 <= upload.rank < self._world \
+            and not self._wanted(upload) and upload.step >= self._pruned_below \
             and upload.step not in self._standing and upload.step >= max(self._steps, default=-1)
 
     def received(self, upload: Upload, path: str, seconds: float) -> bool:

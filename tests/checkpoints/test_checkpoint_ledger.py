@@ -377,3 +377,19 @@ def test_last_words_that_come_before_their_event_wait_for_it(tmp_path: Path, mon
     assert answers == [True]
     assert not ledger.accepts(Upload(0, 12, "rank_0.ckpt", 1, "0" * 64)), \
         "another rank's file of a step whose saver is known: at once"
+
+
+@pytest.mark.parametrize("replicated, rank", [(True, 5), (False, 1)],
+                         ids=["no-such-rank", "sliced-job"])
+def test_an_upload_that_cannot_be_last_words_is_refused_at_once(
+        tmp_path: Path, monkeypatch, replicated: bool, rank: int) -> None:
+    """Only the ranks of a replicated job save last words: any other upload node 0 does not
+    want is refused without waiting for an event that cannot come (it waited ``TOLD_WAIT``)."""
+    monkeypatch.setattr(ledger_module, "TOLD_WAIT", 3600.0)
+    ledger = CheckpointLedger(str(tmp_path / "logs"), world_size=2, data_parallel=replicated)
+    upload = Upload(rank, 12, f"rank_{rank}.ckpt", 15, "0" * 64)
+    answers: list[bool] = []
+    asking = threading.Thread(target=lambda: answers.append(ledger.accepts(upload)), daemon=True)
+    asking.start()
+    asking.join(30)  # a guard against the hour's wait, not a speed check
+    assert answers == [False]
