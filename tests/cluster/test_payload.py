@@ -18,6 +18,7 @@ import pytest
 
 from launcher.checkpoints.ledger import CheckpointLedger
 from launcher.checkpoints.uploads import Upload
+from launcher.cluster import payload
 from launcher.cluster.payload import SCHEME, fetch, serving, upload_file
 from launcher.errors import LaunchError
 from parallel.contract import Event
@@ -67,7 +68,8 @@ def test_a_wrong_key_gets_nothing_and_is_told_in_one_line() -> None:
                 fetch(server.address, server.key, request, timeout=1)
 
 
-def test_a_client_that_says_nothing_is_dropped_and_others_are_served() -> None:
+def test_a_client_that_says_nothing_is_dropped_and_others_are_served(monkeypatch) -> None:
+    monkeypatch.setattr(payload, "_HELLO_TIMEOUT", 0.5)  # 5 s
     with serving(PAYLOAD, "127.0.0.1") as server:
         with socket.create_connection(("127.0.0.1", _port(server.address))) as silent:
             assert fetch(server.address, server.key) == PAYLOAD  # not held up by the silent one
