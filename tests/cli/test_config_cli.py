@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers import RANK_SCRIPTS, assert_one_line_error, fake_devfs, run_launcher
+from helpers import RANK_SCRIPTS, assert_one_line_error, fake_devfs, run_cli_here, run_launcher
 
 SCRIPT = str(RANK_SCRIPTS / "chatty.py")
 
@@ -30,7 +30,7 @@ SCRIPT = str(RANK_SCRIPTS / "chatty.py")
      ["--no-checkpoint-collect", "starts no node agents"]),
 ])
 def test_bad_options_are_one_line_exit_2(weird_tmp: Path, args, needles) -> None:
-    result = run_launcher(*args, "--log-dir", str(weird_tmp / "logs"), cwd=weird_tmp)
+    result = run_cli_here(*args, "--log-dir", str(weird_tmp / "logs"), cwd=weird_tmp)
     assert_one_line_error(result, *needles)
     assert not (weird_tmp / "logs").exists(), "a refused launch must not create its log dir"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from helpers import assert_one_line_error, run_launcher, wait_for
+from helpers import assert_one_line_error, run_cli_here, run_launcher, wait_for
 
 from launcher.cluster.backends.common import agent_spec
 from launcher.cluster.fanout import Admission, open_files_needed, raise_open_files, workers
@@ -234,7 +234,7 @@ def test_a_fanout_out_of_range_is_refused_in_one_line(tmp_path: Path, args: list
                                                       needles: list[str]) -> None:
     (tmp_path / "hosts").write_text("n1 slots=1\nn2 slots=1\n")
     (tmp_path / "train.py").write_text("")
-    result = run_launcher("--hostfile", "hosts", "--device", "cpu", *args, "train.py",
+    result = run_cli_here("--hostfile", "hosts", "--device", "cpu", *args, "train.py",
                           cwd=tmp_path)
     assert_one_line_error(result, *needles)
     assert not (tmp_path / "npu_launch_logs").exists()
