@@ -77,12 +77,12 @@ def run_cli_here(*args: str, cwd: Path, env: Optional[Mapping[str, str]] = None,
     cwd_before, env_before = os.getcwd(), dict(os.environ)
     out, err = io.StringIO(), io.StringIO()
     previous = signal.signal(signal.SIGALRM, interrupt)
-    os.chdir(cwd)
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
-    signal.setitimer(signal.ITIMER_REAL, guard)
     try:
+        os.chdir(cwd)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        signal.setitimer(signal.ITIMER_REAL, guard)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main(list(args))
         raise AssertionError(f"main({list(args)!r}) returned instead of exiting")
