@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -259,10 +258,15 @@ class TestConfigFile:
         """``--config <(...)`` works; a FIFO nobody writes to reads as empty (no hang)."""
         fifo = tmp_path / "job.yaml"
         os.mkfifo(fifo)
-        writer = threading.Thread(target=fifo.write_text, args=("cards: 100\n",))
-        writer.start()
-        _refused(tmp_path, *CPU, "--config", str(fifo), SCRIPT, needles=(f"{fifo}:1: --cards 100",))
-        writer.join()
+        # What a shell's <(...) gives: a pipe its writer had opened, and wrote to, before
+        # npu-launch reads. (A writer thread racing the read lost in CI: the FIFO read as empty.)
+        held = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that the writer's open returns
+        try:
+            fifo.write_text("cards: 100\n")
+            _refused(tmp_path, *CPU, "--config", str(fifo), SCRIPT,
+                     needles=(f"{fifo}:1: --cards 100",))
+        finally:
+            os.close(held)
         result = run_cli_here(*CPU, "--config", str(fifo), "--dry-run", SCRIPT, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
 
